@@ -1,0 +1,40 @@
+"""fa_gen: FlashAttention-class kernels generated from declarative YAML specs.
+
+    kern = fa_gen.build("specs/causal_bf16_d128.yaml")
+    out, lse = kern(q, k, v)
+    out, lse = fa_gen.attention(q, k, v, spec="causal_bf16_d128")
+"""
+
+from .errors import CompileError, FaGenError, InputError, SpecError, UnsupportedError
+from .spec import Alignment, DType, MaskKind, Spec
+from .spec_load import load_spec
+from .version import __version__
+
+
+def build(spec, arch=None):
+    """Compile (or load from cache) the kernel of `spec`; see `fa_gen.runtime.build`."""
+    from .runtime import build as _build
+
+    return _build(spec, arch)
+
+
+def attention(q, k, v, spec):
+    """`out, lse = attention(q, k, v, spec)`; see `fa_gen.runtime.attention`."""
+    from .runtime import attention as _attention
+
+    return _attention(q, k, v, spec)
+
+
+def __getattr__(name):
+    # `fa_gen.reference` without importing torch at package import time.
+    if name == "reference":
+        import importlib
+
+        return importlib.import_module(".reference", __name__)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
+    "SpecError", "UnsupportedError", "attention", "build", "load_spec", "__version__",
+]

@@ -1,0 +1,1 @@
+"""Backends turn rendered source into a loaded, callable kernel for one arch."""

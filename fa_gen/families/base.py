@@ -1,0 +1,27 @@
+"""What every template family declares: the archs it serves and why it cannot serve a spec."""
+
+from __future__ import annotations
+
+from ..spec import Spec
+
+
+class Family:
+    """One template family (one hardware generation). Subclasses override what differs."""
+
+    name: str = ""
+    archs: tuple[str, ...] = ()
+    backend: str = "cute_dsl"
+    forward_template: str = "forward.py.j2"
+    forward_filename: str = "forward.py"
+
+    def can_implement(self, spec: Spec, arch: str) -> list[str]:
+        """Reasons this family cannot implement `spec` on `arch`; empty when it can."""
+        if arch not in self.archs:
+            return [f"serves {', '.join(self.archs)}, not {arch}"]
+        return self.spec_reasons(spec, arch)
+
+    def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
+        return []
+
+    def render_context(self, spec: Spec, arch: str) -> dict:
+        raise NotImplementedError

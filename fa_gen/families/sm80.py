@@ -1,0 +1,110 @@
+"""Ampere-class family: mma.sync m16n8k16 + cp.async + ldmatrix.
+
+Serves sm80/86/89 and sm120 natively. It also serves sm_90a (every
+instruction it uses exists on Hopper) until a Hopper family takes precedence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..archs import arch_info
+from ..spec import DType, Spec
+from .base import Family
+
+HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
+
+# Registers per SM on every arch this family serves, and what one thread may hold.
+_REGS_PER_SM = 64 * 1024
+_MAX_REGS_PER_THREAD = 256  # 255 usable, allocated in whole warps of 256
+# Shared memory the driver reserves per resident block.
+_SMEM_RESERVED_PER_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    tile_m: int       # query rows per CTA
+    tile_n: int       # key rows per main-loop step
+    num_warps: int    # each warp owns tile_m / num_warps query rows
+    num_stages: int   # shared-memory stages for K and V
+
+    def smem_bytes(self, head_dim_qk: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+        # O reuses Q's buffer at the end, and head_dim_v <= head_dim_qk for every supported pair.
+        q = self.tile_m * max(head_dim_qk, head_dim_v)
+        kv = self.num_stages * self.tile_n * (head_dim_qk + head_dim_v)
+        return (q + kv) * elem_bytes
+
+    def blocks_per_sm(self, head_dim_qk: int, head_dim_v: int, smem_per_block: int) -> int:
+        """Resident CTAs per SM, bounded by shared memory and by registers at the 255 cap."""
+        smem_per_sm = smem_per_block + _SMEM_RESERVED_PER_BLOCK
+        by_smem = smem_per_sm // (self.smem_bytes(head_dim_qk, head_dim_v) + _SMEM_RESERVED_PER_BLOCK)
+        by_regs = _REGS_PER_SM // (self.num_warps * 32 * _MAX_REGS_PER_THREAD)
+        return min(by_smem, by_regs)
+
+
+def tile_config(spec: Spec, arch: str) -> TileConfig:
+    """Tile shape for the sm80 kernel.
+
+    Among the candidates that fit the arch's shared memory, take the one that keeps the most
+    warps resident per SM (latency hiding is what mma.sync kernels live on); ties go to the
+    earlier, larger tile (more reuse of each K/V tile loaded).
+    """
+    smem = arch_info(arch).max_smem_per_block
+    dqk, dv = spec.head_dim_qk, spec.head_dim_v
+    best, best_warps = None, 0
+    for cfg in _candidates(dqk, dv):
+        if cfg.smem_bytes(dqk, dv) > smem:
+            continue
+        warps = cfg.blocks_per_sm(dqk, dv, smem) * cfg.num_warps
+        if warps > best_warps:
+            best, best_warps = cfg, warps
+    if best is None:
+        raise ValueError(f"no sm80 tile fits {smem} bytes of shared memory for head dims ({dqk}, {dv})")
+    return best
+
+
+def _candidates(head_dim_qk: int, head_dim_v: int) -> list[TileConfig]:
+    """Preference-ordered tiles; all use two K/V stages.
+
+    Register budget (fp32 accumulators per thread): S = tile_m*tile_n/threads,
+    O = tile_m*head_dim_v/threads; S + O must stay near 192 to leave room for
+    fragments and addresses under the 255 cap, hence 8 warps from head dim 192 up.
+    """
+    head_dim = max(head_dim_qk, head_dim_v)
+    if head_dim <= 64:
+        return [TileConfig(128, 128, 4, 2), TileConfig(128, 64, 4, 2)]
+    if head_dim <= 128:
+        return [TileConfig(128, 64, 4, 2), TileConfig(128, 32, 4, 2), TileConfig(64, 32, 4, 2)]
+    return [TileConfig(128, 64, 8, 2), TileConfig(128, 32, 8, 2), TileConfig(64, 32, 4, 2)]
+
+
+class Sm80Family(Family):
+    name = "sm80"
+    archs = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120a")
+
+    def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
+        reasons = []
+        if spec.dtype not in (DType.FP16, DType.BF16):
+            reasons.append(f"dtype {spec.dtype.value} is not supported (fp16, bf16)")
+        if (spec.head_dim_qk, spec.head_dim_v) not in HEAD_DIMS:
+            allowed = ", ".join(f"{q}" if q == v else f"(qk {q}, v {v})" for q, v in HEAD_DIMS)
+            reasons.append(f"head_dim (qk {spec.head_dim_qk}, v {spec.head_dim_v}) is not supported ({allowed})")
+        return reasons
+
+    def render_context(self, spec: Spec, arch: str) -> dict:
+        cfg = tile_config(spec, arch)
+        return {
+            "tile": asdict(cfg),
+            "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
+            "softmax_scale_log2": spec.softmax_scale_log2,
+            # Swizzle atoms span 64 columns (128 B) where the head dim allows, else 32 (64 B):
+            # 96 is the only supported head dim that 64 does not divide.
+            "smem_atom_cols_qk": _smem_atom_cols(spec.head_dim_qk),
+            "smem_atom_cols_v": _smem_atom_cols(spec.head_dim_v),
+            # Causal-like masks: later query tiles see more keys, so launch them first.
+            "reverse_m_blocks": spec.window_right is not None,
+        }
+
+
+def _smem_atom_cols(head_dim: int) -> int:
+    return 64 if head_dim % 64 == 0 else 32

@@ -1,0 +1,194 @@
+"""Runtime: build a kernel for a spec, validate tensors, call it.
+
+`build()` does the slow path once (load spec, render, compile or load from the
+disk cache); the returned `Kernel` keeps the per-call path short: a few
+attribute checks, two allocations and one TVM-FFI call, which reads PyTorch's
+current stream itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import archs, env
+from .backends import cute_dsl
+from .cache import CacheKey, default_cache
+from .errors import InputError, UnsupportedError
+from .render import render
+from .spec import DType, Spec
+from .spec_load import load_spec
+
+_TORCH_DTYPES = {DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
+# Strides (in elements) must keep every 128-bit vector load aligned.
+_STRIDE_ALIGN = 8
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What the slow path did: for the CLI and for measurements."""
+
+    arch: str
+    family: str
+    entry_dir: Path | None
+    source_filename: str
+    seconds: float
+    compiled: bool   # False when the object came from the disk or memory cache
+
+
+class Kernel:
+    """A compiled forward kernel for one spec on one arch. Call as `out, lse = kern(q, k, v)`."""
+
+    def __init__(self, spec: Spec, arch: str, function, info: BuildInfo):
+        self.spec = spec
+        self.arch = arch
+        self.info = info
+        self._function = function
+        self._dtype = _TORCH_DTYPES[spec.dtype]
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.spec.name!r}, arch={self.arch!r}, family={self.info.family!r})"
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        out, lse = self.forward(q, k, v)
+        return (out, lse) if self.spec.return_lse else out
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+        """(out, lse) always; `out`/`lse` may be given preallocated (tests poison them)."""
+        self._check(q, k, v)
+        batch, seqlen_q, heads_q, _ = q.shape
+        if out is None:
+            out = torch.empty((batch, seqlen_q, heads_q, self.spec.head_dim_v), dtype=q.dtype, device=q.device)
+        if lse is None:
+            lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+        if seqlen_q > 0:
+            self._function(q, k, v, out, lse)
+        return out, lse
+
+    def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        spec = self.spec
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != self._dtype:
+                raise InputError(f"{name} has dtype {t.dtype}; spec {spec.name!r} was built for {self._dtype}")
+            if t.dim() != 4:
+                raise InputError(f"{name} must be 4-D (batch, seqlen, heads, head_dim); got shape {tuple(t.shape)}")
+            _check_strides(name, t)
+        _check_shapes(spec, q, k, v)
+        # Device last: every other check above can then be tested without a GPU.
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not t.is_cuda:
+                raise InputError(f"{name} is on {t.device}; fa_gen kernels need CUDA tensors")
+        if not (q.device == k.device == v.device):
+            raise InputError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+
+
+def _check_strides(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise InputError(f"{name} must have a contiguous last dimension; got strides {t.stride()}")
+    if any(s % _STRIDE_ALIGN for s in t.stride()[:-1]) or t.data_ptr() % 16:
+        raise InputError(f"{name}: strides {t.stride()} (elements) must be multiples of {_STRIDE_ALIGN} "
+                         "and the data 16-byte aligned; call .contiguous() first")
+
+
+def _check_shapes(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    bq, _, hq, dq = q.shape
+    bk, sk, hk, dk = k.shape
+    bv, sv, hv, dv = v.shape
+    if dq != spec.head_dim_qk or dk != spec.head_dim_qk:
+        raise InputError(f"q and k head_dim must be {spec.head_dim_qk} (spec {spec.name!r}); got {dq} and {dk}")
+    if dv != spec.head_dim_v:
+        raise InputError(f"v head_dim must be {spec.head_dim_v} (spec {spec.name!r}); got {dv}")
+    if not bq == bk == bv:
+        raise InputError(f"batch sizes differ: q {bq}, k {bk}, v {bv}")
+    if sk != sv or hk != hv:
+        raise InputError(f"k and v must agree in seqlen and heads: k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if sk == 0:
+        raise InputError("seqlen_k must be at least 1")
+    if hk == 0 or hq % hk:
+        raise InputError(f"heads of q ({hq}) must be a multiple of heads of k/v ({hk}) (GQA/MQA)")
+
+
+def current_arch() -> str:
+    """The compile target: FA_GEN_ARCH if set, else the current CUDA device's."""
+    override = env.target_arch()
+    if override:
+        archs.arch_info(override)  # unknown names fail here, with the known list
+        return override
+    if not torch.cuda.is_available():
+        raise UnsupportedError("no target arch", ["no CUDA device is visible; pass arch= or set FA_GEN_ARCH "
+                                                  "(e.g. sm_90a) to compile without a GPU"])
+    return archs.arch_for_capability(*torch.cuda.get_device_capability())
+
+
+# Built kernels of this process, keyed by (what the caller passed, arch): the
+# one-liner `attention()` then costs a dict lookup, not a YAML parse.
+_KERNELS: dict[tuple[object, str], Kernel] = {}
+
+
+def build(spec: Spec | str | os.PathLike, arch: str | None = None) -> Kernel:
+    """Load `spec` (a Spec, a YAML path, or a shipped spec's name), then compile or load its kernel."""
+    arch = arch or current_arch()
+    memo_key = (spec if isinstance(spec, Spec) else os.fspath(spec), arch)
+    kernel = _KERNELS.get(memo_key)
+    if kernel is None:
+        kernel = _build_uncached(resolve_spec(spec), arch)
+        _KERNELS[memo_key] = kernel
+    return kernel
+
+
+def resolve_spec(spec: Spec | str | os.PathLike) -> Spec:
+    if isinstance(spec, Spec):
+        return spec
+    path = Path(spec)
+    if not path.exists() and path.suffix == "":
+        from .paths import specs_dir
+
+        shipped = specs_dir() / f"{spec}.yaml"
+        if shipped.exists():
+            path = shipped
+    return load_spec(path)
+
+
+def _build_uncached(spec: Spec, arch: str) -> Kernel:
+    if arch not in spec.archs:
+        raise UnsupportedError(f"spec {spec.name!r} on {arch}",
+                               [f"the spec targets {', '.join(spec.archs)}; add {arch} to its archs"])
+    family = archs.family_for(spec, arch)
+    rendered = render(spec, arch)
+    _dump_source(spec, rendered)
+    key = CacheKey(uri=f"{spec.name}_forward", arch=arch, fields={
+        "kind": "forward", "spec": spec.to_dict(), "family": family.name,
+        "options": cute_dsl.compile_options(arch),
+    })
+    cache = default_cache()
+    start = time.perf_counter()
+    builds_before = cache.stats.builds
+    function = cache.get_or_build(
+        key, rendered.text,
+        build=lambda source, path: cute_dsl.compile_to_object(source, arch, path, label=spec.name),
+        load=cute_dsl.load_object,
+    )
+    info = BuildInfo(arch=arch, family=family.name, entry_dir=cache.stats.last_entry,
+                     source_filename=rendered.filename, seconds=time.perf_counter() - start,
+                     compiled=cache.stats.builds > builds_before)
+    return Kernel(spec, arch, function, info)
+
+
+def _dump_source(spec: Spec, rendered) -> None:
+    dump_dir = env.dump_dir()
+    if dump_dir:
+        target = Path(dump_dir) / spec.name / rendered.arch
+        target.mkdir(parents=True, exist_ok=True)
+        (target / rendered.filename).write_text(rendered.text)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike):
+    """One-liner: `out, lse = fa_gen.attention(q, k, v, spec="causal_bf16_d128")`."""
+    return build(spec)(q, k, v)

@@ -1,0 +1,141 @@
+"""JSON Schema (draft 2020-12) of the YAML spec, for editors and external tools.
+
+The loader (`spec_load.py`) is the authority: it also checks what a schema
+cannot say (that some arch can implement the spec, duplicate keys, YAML 1.2
+scalars). The schema is built from the loader's own constants and the spec
+enums, so the two cannot drift apart; docs/spec.schema.json is its committed
+output, regenerated with `python -m fa_gen.schema docs/spec.schema.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import spec_load
+from .archs import ARCHS
+from .spec import SPEC_VERSION, Alignment, DType, MaskKind
+
+
+def json_schema() -> dict:
+    properties = {
+        "name": _name(),
+        "dtype": _enum(DType, "Element type of q, k, v and the output."),
+        "head_dim": _head_dim(),
+        "mask": _mask(),
+        "softmax_scale": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "description": "Multiplies q.k before the softmax; a finite number > 0. "
+                           "Default: 1/sqrt(head_dim qk).",
+        },
+        "archs": _archs(),
+        "return_lse": {
+            "type": "boolean",
+            "default": True,
+            "description": "Also return the log-sum-exp of each query row (needed for backward).",
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"fa_gen attention spec (version {SPEC_VERSION})",
+        "description": "One attention variant, compiled by fa_gen into FlashAttention-class kernels.",
+        "type": "object",
+        "required": list(spec_load.REQUIRED_KEYS),
+        "additionalProperties": False,
+        "properties": properties,
+        "$defs": {"head_dim_value": _head_dim_value()},
+    }
+
+
+def write_schema(path: str | os.PathLike) -> None:
+    Path(path).write_text(json.dumps(json_schema(), indent=2) + "\n", encoding="utf-8")
+
+
+def _enum(enum_cls, description: str) -> dict:
+    return {"enum": [member.value for member in enum_cls], "description": description}
+
+
+def _name() -> dict:
+    return {
+        "type": "string",
+        "pattern": f"^{spec_load.NAME_PATTERN}$",
+        "description": "Unique identifier of the variant; it names a directory, so lowercase "
+                       "letters, digits and _ only.",
+    }
+
+
+def _head_dim_value() -> dict:
+    return {
+        "type": "integer",
+        "minimum": spec_load.HEAD_DIM_MIN,
+        "maximum": spec_load.HEAD_DIM_MAX,
+        "multipleOf": spec_load.HEAD_DIM_MULTIPLE,
+    }
+
+
+def _head_dim() -> dict:
+    both = {"$ref": "#/$defs/head_dim_value", "description": "Head dimension of q and k, and of v."}
+    split = {
+        "type": "object",
+        "required": list(spec_load.HEAD_DIM_KEYS),
+        "additionalProperties": False,
+        "properties": {
+            "qk": {"$ref": "#/$defs/head_dim_value", "description": "Head dimension of q and k."},
+            "v": {"$ref": "#/$defs/head_dim_value", "description": "Head dimension of v and the output."},
+        },
+    }
+    return {"oneOf": [both, split],
+            "description": "One head dimension for q, k and v, or {qk: ..., v: ...} when v differs."}
+
+
+def _mask() -> dict:
+    short = {"enum": [MaskKind.NONE.value, MaskKind.CAUSAL.value],
+             "description": "Shorthand for {kind: none} or {kind: causal}."}
+    return {"oneOf": [short, _mask_mapping()], "default": MaskKind.NONE.value,
+            "description": "Which keys each query row may attend to."}
+
+
+def _mask_mapping() -> dict:
+    side = "Keys visible {} of the (aligned) diagonal; an integer >= 0. Only for sliding_window."
+    return {
+        "type": "object",
+        "required": ["kind"],
+        "additionalProperties": False,
+        "properties": {
+            "kind": _enum(MaskKind, "none: every key; causal: keys up to the diagonal; "
+                                    "sliding_window: keys within left/right of it."),
+            "left": {"type": "integer", "minimum": 0, "description": side.format("left")},
+            "right": {"type": "integer", "minimum": 0, "description": side.format("right")},
+            "alignment": {
+                **_enum(Alignment, "Where the diagonal sits when seqlen_q != seqlen_k: bottom_right "
+                                   "(FlashAttention >= 2.1) or top_left (PyTorch is_causal). "
+                                   "Not allowed for kind none."),
+                "default": Alignment.BOTTOM_RIGHT.value,
+            },
+        },
+        "allOf": [
+            {"if": {"properties": {"kind": {"const": MaskKind.SLIDING_WINDOW.value}}},
+             "then": {"required": ["left", "right"]},
+             "else": {"properties": {"left": False, "right": False}}},
+            {"if": {"properties": {"kind": {"const": MaskKind.NONE.value}}},
+             "then": {"properties": {"alignment": False}}},
+        ],
+    }
+
+
+def _archs() -> dict:
+    return {
+        "type": "array",
+        "items": {"enum": list(ARCHS)},
+        "minItems": 1,
+        "uniqueItems": True,
+        "description": "Targets to build for; each must be able to implement the spec. "
+                       "Default: every known arch that can.",
+    }
+
+
+if __name__ == "__main__":
+    write_schema(sys.argv[1] if len(sys.argv) > 1 else "docs/spec.schema.json")

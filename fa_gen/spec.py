@@ -1,0 +1,101 @@
+"""The attention-variant spec: one frozen object, the single source of truth.
+
+Everything downstream (rendering, compiling, caching, the reference) is a pure
+function of a `Spec`, an arch and the toolchain. Loading and validating YAML
+lives in `spec_load.py`; this module holds only the data and what derives
+from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+SPEC_VERSION = 1
+
+
+class DType(str, Enum):
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class MaskKind(str, Enum):
+    NONE = "none"
+    CAUSAL = "causal"
+    SLIDING_WINDOW = "sliding_window"
+
+
+class Alignment(str, Enum):
+    """Where the diagonal of a causal or windowed mask sits when seqlen_q != seqlen_k.
+
+    bottom_right: the last query row sees the last key (FlashAttention >= 2.1).
+    top_left: query row i sees keys up to i (PyTorch's `is_causal` convention).
+    """
+
+    BOTTOM_RIGHT = "bottom_right"
+    TOP_LEFT = "top_left"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One attention variant. Construct through `spec_load.load_spec` or `Spec.create`.
+
+    window_left / window_right are the mask in its one general form: query row i
+    (shifted by the alignment offset) sees keys j with
+    i - window_left <= j <= i + window_right; None means unbounded on that side.
+    `none` is (None, None), `causal` is (None, 0).
+    """
+
+    name: str
+    dtype: DType
+    head_dim_qk: int
+    head_dim_v: int
+    mask: MaskKind
+    window_left: int | None
+    window_right: int | None
+    alignment: Alignment
+    softmax_scale: float
+    archs: tuple[str, ...]
+    return_lse: bool = True
+    # Where the spec came from: for messages only, never part of identity.
+    source: str | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def is_masked(self) -> bool:
+        return self.window_left is not None or self.window_right is not None
+
+    @property
+    def softmax_scale_log2(self) -> float:
+        """The scale folded into exp2: exp(s * scale) == exp2(s * scale * log2(e))."""
+        return self.softmax_scale * math.log2(math.e)
+
+    def key_offset(self, seqlen_q: int, seqlen_k: int) -> int:
+        """Shift added to a query index before comparing it with key indices."""
+        return seqlen_k - seqlen_q if self.alignment is Alignment.BOTTOM_RIGHT else 0
+
+    def to_dict(self) -> dict:
+        """Canonical, JSON-ready form: named fields only, enums as their values."""
+        out = {"spec_version": SPEC_VERSION}
+        for f in dataclasses.fields(self):
+            if f.name == "source":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, Enum):
+                value = value.value
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def with_archs(self, archs: tuple[str, ...]) -> "Spec":
+        return dataclasses.replace(self, archs=tuple(archs))

@@ -1,0 +1,51 @@
+"""Input validation of a built kernel: every bad call names what is wrong (CPU, no compile)."""
+
+import pytest
+import torch
+
+from fa_gen.errors import InputError, UnsupportedError
+from fa_gen.runtime import BuildInfo, Kernel, build
+from fa_gen.spec_load import load_spec
+
+
+@pytest.fixture
+def kernel():
+    spec = load_spec({"name": "t", "dtype": "bf16", "head_dim": 64, "mask": "causal"})
+    calls = []
+    info = BuildInfo(arch="sm_80", family="sm80", entry_dir=None, source_filename="forward.py",
+                     seconds=0.0, compiled=False)
+    kern = Kernel(spec, "sm_80", lambda *args: calls.append(args), info)
+    kern.calls = calls
+    return kern
+
+
+def qkv(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dv=64, dtype=torch.bfloat16):
+    return (torch.randn(b, sq, hq, d, dtype=dtype), torch.randn(b, sk, hkv, d, dtype=dtype),
+            torch.randn(b, sk, hkv, dv, dtype=dtype))
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda q, k, v: (q.half(), k, v), "q has dtype torch.float16"),
+    (lambda q, k, v: (q[0], k, v), "q must be 4-D"),
+    (lambda q, k, v: (q, k[..., :32], v), "q and k head_dim must be 64"),
+    (lambda q, k, v: (q, k, torch.randn(2, 7, 2, 32, dtype=torch.bfloat16)), "v head_dim must be 64"),
+    (lambda q, k, v: (q, k[:1], v[:1]), "batch sizes differ"),
+    (lambda q, k, v: (q, k, v[:, :3]), "k and v must agree"),
+    (lambda q, k, v: (q[:, :, :3], k, v), "heads of q (3) must be a multiple of heads of k/v (2)"),
+    (lambda q, k, v: (q.transpose(1, 3).contiguous().transpose(1, 3), k, v), "contiguous last dimension"),
+    (lambda q, k, v: (q, k[:, :, :, 1:65] if False else torch.randn(2, 7, 2, 72, dtype=torch.bfloat16)[..., :64], v),
+     "strides"),
+    (lambda q, k, v: (q, k[:, :0], v[:, :0]), "seqlen_k must be at least 1"),
+    (lambda q, k, v: ("q", k, v), "q must be a torch.Tensor"),
+    (lambda q, k, v: (q, k, v), "fa_gen kernels need CUDA tensors"),
+])
+def test_bad_inputs_are_named(kernel, mutate, message):
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        kernel(*mutate(*qkv()))
+    assert not kernel.calls
+
+
+def test_arch_outside_the_specs_archs_is_refused():
+    spec = load_spec({"name": "t", "dtype": "bf16", "head_dim": 64, "archs": ["sm_80"]})
+    with pytest.raises(UnsupportedError, match="add sm_86 to its archs"):
+        build(spec, "sm_86")

@@ -1,0 +1,40 @@
+"""The kernel variants the exactness suites draw from: every feature of spec version 1."""
+
+from __future__ import annotations
+
+import itertools
+
+from fa_gen.spec_load import load_spec
+
+DTYPES = ("fp16", "bf16")
+HEAD_DIMS = (64, 96, 128, 192, 256, {"qk": 192, "v": 128})
+MASKS = (
+    "none",
+    "causal",
+    {"kind": "causal", "alignment": "top_left"},
+    {"kind": "sliding_window", "left": 100, "right": 7},
+)
+
+
+def _mask_name(mask) -> str:
+    if isinstance(mask, str):
+        return mask
+    if mask["kind"] == "causal":
+        return f"causal_{mask['alignment']}"
+    return f"window_{mask['left']}_{mask['right']}"
+
+
+def _dim_name(head_dim) -> str:
+    return f"d{head_dim}" if isinstance(head_dim, int) else f"qk{head_dim['qk']}_v{head_dim['v']}"
+
+
+def variant_specs(archs=None):
+    """One Spec per (dtype, head dim, mask), named after what it varies."""
+    specs = []
+    for dtype, head_dim, mask in itertools.product(DTYPES, HEAD_DIMS, MASKS):
+        mapping = {"name": f"v_{dtype}_{_dim_name(head_dim)}_{_mask_name(mask)}",
+                   "dtype": dtype, "head_dim": head_dim, "mask": mask}
+        if archs:
+            mapping["archs"] = list(archs)
+        specs.append(load_spec(mapping))
+    return specs
