@@ -163,10 +163,9 @@ def _build_uncached(spec: Spec, arch: str) -> Kernel:
     family = archs.family_for(spec, arch)
     rendered = render(spec, arch)
     _dump_source(spec, rendered)
-    key = CacheKey(uri=f"{spec.name}_forward", arch=arch, fields={
-        "kind": "forward", "spec": spec.to_dict(), "family": family.name,
-        "options": cute_dsl.compile_options(arch),
-    })
+    key = CacheKey.for_source(uri=f"{spec.name}_forward", arch=arch, kind="forward", source=rendered.text,
+                              fields={"spec": spec.canonical_json(), "family": family.name,
+                                      "options": cute_dsl.compile_options(arch)})
     cache = default_cache()
     start = time.perf_counter()
     builds_before = cache.stats.builds

@@ -409,7 +409,7 @@ def _check_listed_arch(top: _Node, spec: Spec, listed, index: int, arch) -> None
     field = f"archs[{index}]"
     if not isinstance(arch, str) or arch not in archs_mod.ARCHS:
         raise top.error(field, f"unknown arch: {_not_allowed(arch, archs_mod.ARCHS)}", line=line)
-    if False:
+    if arch in listed[:index]:
         raise top.error(field, f"{arch} is listed twice", line=line)
     reasons = archs_mod.why_not(spec, arch)
     if reasons:
