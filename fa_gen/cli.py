@@ -170,13 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     start = time.perf_counter()
     try:
-        return args.func(args)
+        status = args.func(args)
     except FaGenError as exc:
         print(f"fa-gen: error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        if args.command == "build":
-            print(f"done in {time.perf_counter() - start:.1f} s")
+    if args.command == "build" and status == 0:
+        print(f"done in {time.perf_counter() - start:.1f} s")
+    return status
 
 
 if __name__ == "__main__":

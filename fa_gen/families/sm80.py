@@ -52,7 +52,7 @@ def tile_config(spec: Spec, arch: str) -> TileConfig:
     smem = arch_info(arch).max_smem_per_block
     dqk, dv = spec.head_dim_qk, spec.head_dim_v
     best, best_warps = None, 0
-    for cfg in _candidates(dqk, dv):
+    for cfg in _candidates(dqk, dv, causal_like=_causal_like(spec)):
         if cfg.smem_bytes(dqk, dv) > smem:
             continue
         warps = cfg.blocks_per_sm(dqk, dv, smem) * cfg.num_warps
@@ -63,16 +63,19 @@ def tile_config(spec: Spec, arch: str) -> TileConfig:
     return best
 
 
-def _candidates(head_dim_qk: int, head_dim_v: int) -> list[TileConfig]:
+def _candidates(head_dim_qk: int, head_dim_v: int, causal_like: bool) -> list[TileConfig]:
     """Preference-ordered tiles; all use two K/V stages.
 
     Register budget (fp32 accumulators per thread): S = tile_m*tile_n/threads,
     O = tile_m*head_dim_v/threads; S + O must stay near 192 to leave room for
     fragments and addresses under the 255 cap, hence 8 warps from head dim 192 up.
+    Head dim 64 on an H200 (bf16, seqlen 4k-16k): 128x64 is 5% faster than 128x128
+    without a mask (no spills), 128x128 2% faster with a causal one (half the diagonal tiles).
     """
     head_dim = max(head_dim_qk, head_dim_v)
     if head_dim <= 64:
-        return [TileConfig(128, 128, 4, 2), TileConfig(128, 64, 4, 2)]
+        wide, narrow = TileConfig(128, 128, 4, 2), TileConfig(128, 64, 4, 2)
+        return [wide, narrow] if causal_like else [narrow, wide]
     if head_dim <= 128:
         return [TileConfig(128, 64, 4, 2), TileConfig(128, 32, 4, 2), TileConfig(64, 32, 4, 2)]
     return [TileConfig(128, 64, 8, 2), TileConfig(128, 32, 8, 2), TileConfig(64, 32, 4, 2)]
@@ -93,6 +96,7 @@ class Sm80Family(Family):
 
     def render_context(self, spec: Spec, arch: str) -> dict:
         cfg = tile_config(spec, arch)
+        _check_tile(cfg, spec)
         return {
             "tile": asdict(cfg),
             "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
@@ -102,8 +106,23 @@ class Sm80Family(Family):
             "smem_atom_cols_qk": _smem_atom_cols(spec.head_dim_qk),
             "smem_atom_cols_v": _smem_atom_cols(spec.head_dim_v),
             # Causal-like masks: later query tiles see more keys, so launch them first.
-            "reverse_m_blocks": spec.window_right is not None,
+            "reverse_m_blocks": _causal_like(spec),
         }
+
+
+def _causal_like(spec: Spec) -> bool:
+    """Key ranges grow with the query index (causal, or a right window with no left one)."""
+    return spec.window_left is None and spec.window_right is not None
+
+
+def _check_tile(cfg: TileConfig, spec: Spec) -> None:
+    """Shapes the template relies on: whole MMA and copy tiles, and P usable as an A operand."""
+    threads = cfg.num_warps * 32
+    for head_dim in (spec.head_dim_qk, spec.head_dim_v):
+        copy_rows = threads // (_smem_atom_cols(head_dim) // 8)
+        assert head_dim % 32 == 0 and cfg.tile_m % copy_rows == 0 and cfg.tile_n % copy_rows == 0, (cfg, head_dim)
+    assert cfg.tile_m % (16 * cfg.num_warps) == 0 and cfg.tile_n % 16 == 0, cfg
+    assert cfg.num_stages == 2, "the main loop's cp.async group accounting assumes two K/V stages"
 
 
 def _smem_atom_cols(head_dim: int) -> int:
