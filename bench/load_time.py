@@ -1,0 +1,55 @@
+"""Cold-compile and warm-load times of one spec, each in a fresh process.
+
+    python bench/load_time.py [SPEC]
+
+Run 1 uses an empty cache directory (render + compile + store); run 2 uses the same
+directory in a new process (load from disk). Each reports import time, build time and
+the first call (which includes loading the module onto the GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch, fa_gen
+torch.zeros(1, device="cuda")                       # CUDA context outside the timings
+t1 = time.perf_counter()
+kernel = fa_gen.build(sys.argv[1])
+t2 = time.perf_counter()
+q, k, v = (torch.randn(1, 256, 8, kernel.spec.head_dim_qk, device="cuda", dtype=kernel._dtype) for _ in range(3))
+v = torch.randn(1, 256, 8, kernel.spec.head_dim_v, device="cuda", dtype=kernel._dtype)
+kernel(q, k, v); torch.cuda.synchronize()
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "build_s": t2 - t1, "first_call_s": t3 - t2,
+                  "compiled": kernel.info.compiled}))
+"""
+
+
+def run_child(spec: str, cache_dir: str) -> dict:
+    env = dict(os.environ, FA_GEN_CACHE_DIR=cache_dir, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    out = subprocess.run([sys.executable, "-c", CHILD, spec], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    spec = sys.argv[1] if len(sys.argv) > 1 else "causal_bf16_d128"
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for label in ("cold (compile)", "warm (disk cache)"):
+            r = run_child(spec, cache_dir)
+            print(f"{spec} {label:18s}: import {r['import_s']:.2f} s, build {r['build_s']:.2f} s, "
+                  f"first call {r['first_call_s']:.3f} s, compiled={r['compiled']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
