@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from . import archs, env
-from .backends import cute_dsl
+from .backends import get_backend
 from .cache import CacheKey, default_cache
 from .errors import InputError, UnsupportedError
 from .render import render
@@ -161,18 +161,19 @@ def _build_uncached(spec: Spec, arch: str) -> Kernel:
         raise UnsupportedError(f"spec {spec.name!r} on {arch}",
                                [f"the spec targets {', '.join(spec.archs)}; add {arch} to its archs"])
     family = archs.family_for(spec, arch)
+    backend = get_backend(family.backend)
     rendered = render(spec, arch)
     _dump_source(spec, rendered)
     key = CacheKey.for_source(uri=f"{spec.name}_forward", arch=arch, kind="forward", source=rendered.text,
                               fields={"spec": spec.canonical_json(), "family": family.name,
-                                      "options": cute_dsl.compile_options(arch)})
+                                      "backend": family.backend, "options": backend.compile_options(arch)})
     cache = default_cache()
     start = time.perf_counter()
     builds_before = cache.stats.builds
     function = cache.get_or_build(
         key, rendered.text,
-        build=lambda source, path: cute_dsl.compile_to_object(source, arch, path, label=spec.name),
-        load=cute_dsl.load_object,
+        build=lambda source, path: backend.compile_to_object(source, arch, path, label=spec.name),
+        load=backend.load_object,
     )
     info = BuildInfo(arch=arch, family=family.name, entry_dir=cache.stats.last_entry,
                      source_filename=rendered.filename, seconds=time.perf_counter() - start,
