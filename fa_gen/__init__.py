@@ -11,11 +11,11 @@ from .spec_load import load_spec
 from .version import __version__
 
 
-def build(spec, arch=None):
+def build(spec, arch=None, family=None):
     """Compile (or load from cache) the kernel of `spec`; see `fa_gen.runtime.build`."""
     from .runtime import build as _build
 
-    return _build(spec, arch)
+    return _build(spec, arch, family)
 
 
 def attention(q, k, v, spec):

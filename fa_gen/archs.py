@@ -69,11 +69,26 @@ def why_not(spec: Spec, arch: str) -> list[str]:
     return reasons or ["no template family is registered"]
 
 
-def family_for(spec: Spec, arch: str):
+def family_for(spec: Spec, arch: str, name: str | None = None):
+    """The preferred family for (spec, arch), or the family called `name` if it can serve it."""
+    if name is not None:
+        family = family_named(name)
+        reasons = family.can_implement(spec, arch)
+        if reasons:
+            raise UnsupportedError(f"family {name} for spec {spec.name!r} on {arch}", reasons)
+        return family
     for family in _families():
         if not family.can_implement(spec, arch):
             return family
     raise UnsupportedError(f"spec {spec.name!r} on {arch}", why_not(spec, arch))
+
+
+def family_named(name: str):
+    for family in _families():
+        if family.name == name:
+            return family
+    known = ", ".join(f.name for f in _families())
+    raise UnsupportedError(f"family {name!r}", [f"unknown family; known: {known}"])
 
 
 def supported_archs(spec: Spec) -> tuple[str, ...]:

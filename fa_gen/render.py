@@ -39,9 +39,10 @@ def environment() -> jinja2.Environment:
     )
 
 
-def render(spec: Spec, arch: str) -> RenderedSource:
-    """Render the forward kernel of `spec` for `arch` with the family that serves it."""
-    family = archs_mod.family_for(spec, arch)
+def render(spec: Spec, arch: str, family_name: str | None = None) -> RenderedSource:
+    """Render the forward kernel of `spec` for `arch` with the family that serves it
+    (or with the family named `family_name`)."""
+    family = archs_mod.family_for(spec, arch, family_name)
     context = family.render_context(spec, arch)
     context.update(spec=spec, arch=arch, family=family.name, fa_gen_version=__version__)
     template = environment().get_template(f"{family.name}/{family.forward_template}")

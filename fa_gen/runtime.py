@@ -129,16 +129,20 @@ def current_arch() -> str:
 
 # Built kernels of this process, keyed by (what the caller passed, arch): the
 # one-liner `attention()` then costs a dict lookup, not a YAML parse.
-_KERNELS: dict[tuple[object, str], Kernel] = {}
+_KERNELS: dict[tuple[object, str, str | None], Kernel] = {}
 
 
-def build(spec: Spec | str | os.PathLike, arch: str | None = None) -> Kernel:
-    """Load `spec` (a Spec, a YAML path, or a shipped spec's name), then compile or load its kernel."""
+def build(spec: Spec | str | os.PathLike, arch: str | None = None, family: str | None = None) -> Kernel:
+    """Load `spec` (a Spec, a YAML path, or a shipped spec's name), then compile or load its kernel.
+
+    `family` forces a template family (e.g. "sm80" on a Hopper GPU, for comparisons);
+    by default the arch registry picks the preferred one.
+    """
     arch = arch or current_arch()
-    memo_key = (spec if isinstance(spec, Spec) else os.fspath(spec), arch)
+    memo_key = (spec if isinstance(spec, Spec) else os.fspath(spec), arch, family)
     kernel = _KERNELS.get(memo_key)
     if kernel is None:
-        kernel = _build_uncached(resolve_spec(spec), arch)
+        kernel = _build_uncached(resolve_spec(spec), arch, family)
         _KERNELS[memo_key] = kernel
     return kernel
 
@@ -156,13 +160,13 @@ def resolve_spec(spec: Spec | str | os.PathLike) -> Spec:
     return load_spec(path)
 
 
-def _build_uncached(spec: Spec, arch: str) -> Kernel:
+def _build_uncached(spec: Spec, arch: str, family_name: str | None) -> Kernel:
     if arch not in spec.archs:
         raise UnsupportedError(f"spec {spec.name!r} on {arch}",
                                [f"the spec targets {', '.join(spec.archs)}; add {arch} to its archs"])
-    family = archs.family_for(spec, arch)
+    family = archs.family_for(spec, arch, family_name)
     backend = get_backend(family.backend)
-    rendered = render(spec, arch)
+    rendered = render(spec, arch, family.name)
     _dump_source(spec, rendered)
     key = CacheKey.for_source(uri=f"{spec.name}_forward", arch=arch, kind="forward", source=rendered.text,
                               fields={"spec": spec.canonical_json(), "family": family.name,
