@@ -37,6 +37,7 @@ def json_schema() -> dict:
             "default": True,
             "description": "Also return the log-sum-exp of each query row (needed for backward).",
         },
+        "tuning": _tuning(),
     }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -47,6 +48,27 @@ def json_schema() -> dict:
         "additionalProperties": False,
         "properties": properties,
         "$defs": {"head_dim_value": _head_dim_value()},
+    }
+
+
+def _tuning() -> dict:
+    from .families import REGISTRY
+
+    return {
+        "type": "object",
+        "description": "Per-family overrides of tile shapes and pipeline depth, e.g. {sm80: {tile_n: 32}}. "
+                       "A family refuses values its template cannot use.",
+        "additionalProperties": False,
+        "minProperties": 1,
+        "properties": {
+            family.name: {
+                "type": "object",
+                "additionalProperties": False,
+                "minProperties": 1,
+                "properties": {p: {"type": "integer", "minimum": 1} for p in family.tuning_params},
+            }
+            for family in REGISTRY
+        },
     }
 
 

@@ -61,6 +61,9 @@ class Spec:
     softmax_scale: float
     archs: tuple[str, ...]
     return_lse: bool = True
+    # Per-family overrides of tile shapes and pipeline depth, canonically sorted:
+    # ((family, ((param, value), ...)), ...). Families validate their own params.
+    tuning: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
     # Where the spec came from: for messages only, never part of identity.
     source: str | None = field(default=None, compare=False, repr=False)
 
@@ -86,6 +89,8 @@ class Spec:
             value = getattr(self, f.name)
             if isinstance(value, Enum):
                 value = value.value
+            elif f.name == "tuning":
+                value = {family: dict(params) for family, params in value}
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
@@ -96,6 +101,10 @@ class Spec:
 
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def tuning_for(self, family: str) -> dict[str, int]:
+        """The spec's tuning overrides for one family ({} when none)."""
+        return dict(next((params for name, params in self.tuning if name == family), ()))
 
     def with_archs(self, archs: tuple[str, ...]) -> "Spec":
         return dataclasses.replace(self, archs=tuple(archs))

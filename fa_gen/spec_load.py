@@ -28,7 +28,7 @@ from .errors import SpecError
 from .families import REGISTRY
 from .spec import Alignment, DType, MaskKind, Spec
 
-TOP_KEYS = ("name", "dtype", "head_dim", "mask", "softmax_scale", "archs", "return_lse")
+TOP_KEYS = ("name", "dtype", "head_dim", "mask", "softmax_scale", "archs", "return_lse", "tuning")
 REQUIRED_KEYS = ("name", "dtype", "head_dim")
 HEAD_DIM_KEYS = ("qk", "v")
 MASK_KEYS = ("kind", "left", "right", "alignment")
@@ -98,6 +98,7 @@ def spec_from_mapping(data, path: str | None = None) -> Spec:
         softmax_scale=_softmax_scale(top, head_dim_qk),
         archs=(),
         return_lse=_bool(top, "return_lse", default=True),
+        tuning=_tuning(top),
         source=path,
     )
     return spec.with_archs(_archs(top, spec))
@@ -434,6 +435,7 @@ _BASELINES = (
     ("mask", {"mask": MaskKind.NONE, "window_left": None, "window_right": None,
               "alignment": Alignment.BOTTOM_RIGHT}),
     ("return_lse", {"return_lse": True}),
+    ("tuning", {"tuning": ()}),
 )
 
 
@@ -457,3 +459,34 @@ def _reasons_by_arch(spec: Spec) -> str:
     if unserved:
         parts.append(f"no template family serves {', '.join(unserved)} yet")
     return "; ".join(parts)
+
+
+# --- tuning ----------------------------------------------------------------------------------------
+
+def _tuning(top: _Node) -> tuple:
+    """`tuning: {<family>: {<param>: <int>}}`, validated against what each family accepts."""
+    if "tuning" not in top.data:
+        return ()
+    from .families import REGISTRY
+
+    params_of = {family.name: family.tuning_params for family in REGISTRY}
+    value = top.data["tuning"]
+    if not isinstance(value, Mapping) or not value:
+        raise top.error("tuning", f"expected a mapping of family -> parameters, e.g. "
+                                  f"{{sm80: {{tile_n: 64}}}}; got {_show_typed(value)}")
+    node = top.child("tuning")
+    node.check_keys(tuple(params_of))
+    return tuple(sorted((family, _tuning_params(node, family, params_of[family])) for family in value))
+
+
+def _tuning_params(node: _Node, family: str, allowed: tuple[str, ...]) -> tuple:
+    value = node.data[family]
+    if not isinstance(value, Mapping) or not value:
+        raise node.error(family, f"expected a mapping of parameters ({', '.join(allowed)}); "
+                                 f"got {_show_typed(value)}")
+    params = node.child(family)
+    params.check_keys(allowed)
+    for key in value:
+        if _expect_int(params, key, "a positive integer") <= 0:
+            raise params.error(key, f"{value[key]} is not allowed; allowed: a positive integer")
+    return tuple(sorted(value.items()))

@@ -13,6 +13,8 @@ class Family:
     backend: str = "cute_dsl"
     forward_template: str = "forward.py.j2"
     forward_filename: str = "forward.py"
+    # Names a spec's `tuning: {<family>: {...}}` may set for this family.
+    tuning_params: tuple[str, ...] = ()
 
     def can_implement(self, spec: Spec, arch: str) -> list[str]:
         """Reasons this family cannot implement `spec` on `arch`; empty when it can."""

@@ -6,7 +6,7 @@ instruction it uses exists on Hopper) until a Hopper family takes precedence.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..archs import arch_info
 from ..spec import DType, Spec
@@ -17,6 +17,8 @@ HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 # Registers per SM on every arch this family serves, and what one thread may hold.
 _REGS_PER_SM = 64 * 1024
 _MAX_REGS_PER_THREAD = 256  # 255 usable, allocated in whole warps of 256
+# S and O accumulators one thread may hold before the kernel spills (of 255 registers).
+_MAX_ACCUMULATORS = 192
 # Shared memory the driver reserves per resident block.
 _SMEM_RESERVED_PER_BLOCK = 1024
 
@@ -51,6 +53,10 @@ def tile_config(spec: Spec, arch: str) -> TileConfig:
     """
     smem = arch_info(arch).max_smem_per_block
     dqk, dv = spec.head_dim_qk, spec.head_dim_v
+    override = spec.tuning_for(Sm80Family.name)
+    if override:
+        default = TileConfig(128, 64, 4 if max(dqk, dv) <= 128 else 8, 2)
+        return replace(default, **override)
     best, best_warps = None, 0
     for cfg in _candidates(dqk, dv, causal_like=_causal_like(spec)):
         if cfg.smem_bytes(dqk, dv) > smem:
@@ -84,6 +90,7 @@ def _candidates(head_dim_qk: int, head_dim_v: int, causal_like: bool) -> list[Ti
 class Sm80Family(Family):
     name = "sm80"
     archs = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120a")
+    tuning_params = ("tile_m", "tile_n", "num_warps")
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
         reasons = []
@@ -92,11 +99,14 @@ class Sm80Family(Family):
         if (spec.head_dim_qk, spec.head_dim_v) not in HEAD_DIMS:
             allowed = ", ".join(f"{q}" if q == v else f"(qk {q}, v {v})" for q, v in HEAD_DIMS)
             reasons.append(f"head_dim (qk {spec.head_dim_qk}, v {spec.head_dim_v}) is not supported ({allowed})")
+        elif spec.tuning_for(self.name):
+            reasons.extend(_tile_reasons(tile_config(spec, arch), spec, arch))
         return reasons
 
     def render_context(self, spec: Spec, arch: str) -> dict:
         cfg = tile_config(spec, arch)
-        _check_tile(cfg, spec)
+        problems = _tile_reasons(cfg, spec, arch)
+        assert not problems, problems  # can_implement refuses these first
         return {
             "tile": asdict(cfg),
             "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
@@ -115,14 +125,29 @@ def _causal_like(spec: Spec) -> bool:
     return spec.window_left is None and spec.window_right is not None
 
 
-def _check_tile(cfg: TileConfig, spec: Spec) -> None:
-    """Shapes the template relies on: whole MMA and copy tiles, and P usable as an A operand."""
+def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
+    """What the template relies on: whole MMA and copy tiles, P usable as an A operand, and
+    the tiles fitting shared memory. Empty when `cfg` is usable."""
+    reasons = []
     threads = cfg.num_warps * 32
-    for head_dim in (spec.head_dim_qk, spec.head_dim_v):
+    for head_dim in sorted({spec.head_dim_qk, spec.head_dim_v}):
         copy_rows = threads // (_smem_atom_cols(head_dim) // 8)
-        assert head_dim % 32 == 0 and cfg.tile_m % copy_rows == 0 and cfg.tile_n % copy_rows == 0, (cfg, head_dim)
-    assert cfg.tile_m % (16 * cfg.num_warps) == 0 and cfg.tile_n % 16 == 0, cfg
-    assert cfg.num_stages == 2, "the main loop's cp.async group accounting assumes two K/V stages"
+        if cfg.tile_m % copy_rows or cfg.tile_n % copy_rows:
+            reasons.append(f"tuning: tile_m and tile_n must be multiples of {copy_rows} "
+                           f"with {cfg.num_warps} warps at head dim {head_dim}")
+    if cfg.tile_m % (16 * cfg.num_warps):
+        reasons.append(f"tuning: tile_m {cfg.tile_m} must be a multiple of 16 x num_warps ({16 * cfg.num_warps})")
+    if cfg.tile_n % 16:
+        reasons.append(f"tuning: tile_n {cfg.tile_n} must be a multiple of 16")
+    accumulators = cfg.tile_m * (cfg.tile_n + spec.head_dim_v) // threads
+    if accumulators > _MAX_ACCUMULATORS:
+        reasons.append(f"tuning: {accumulators} fp32 accumulators per thread (S and O) would spill; "
+                       f"at most {_MAX_ACCUMULATORS} (fewer rows or columns, or more warps)")
+    smem = arch_info(arch).max_smem_per_block
+    if cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v) > smem:
+        reasons.append(f"tuning: tiles need {cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v)} bytes "
+                       f"of shared memory; {arch} has {smem}")
+    return reasons
 
 
 def _smem_atom_cols(head_dim: int) -> int:

@@ -1,0 +1,38 @@
+"""`tuning:` overrides reach the template, and values a family cannot use are refused with a line."""
+
+import pytest
+
+from fa_gen.errors import SpecError
+from fa_gen.families.sm80 import tile_config
+from fa_gen.render import render
+from fa_gen.spec_load import load_spec, spec_from_yaml_text
+
+BASE = "name: t\ndtype: bf16\nhead_dim: 128\n"
+
+
+def test_override_reaches_the_tile_and_the_render():
+    tuned = spec_from_yaml_text(BASE + "tuning:\n  sm80: {tile_n: 32}\n", "t.yaml")
+    plain = spec_from_yaml_text(BASE, "t.yaml")
+    assert tile_config(tuned, "sm_90a").tile_n == 32 and tile_config(plain, "sm_90a").tile_n != 32
+    assert tuned.sha256() != plain.sha256()
+    assert render(tuned, "sm_90a").text != render(plain, "sm_90a").text
+
+
+@pytest.mark.parametrize("tuning,line,message", [
+    ("tuning:\n  sm81: {tile_n: 32}\n", 5, "tuning.sm81: unknown key 'sm81' (did you mean 'sm80'?)"),
+    ("tuning:\n  sm80: {tile_q: 32}\n", 5, "tuning.sm80.tile_q: unknown key"),
+    ("tuning:\n  sm80: {tile_n: 0}\n", 5, "tuning.sm80.tile_n: 0 is not allowed"),
+    ("tuning:\n  sm80: {tile_n: 24}\n", 4, "tile_n 24 must be a multiple of 16"),
+    ("tuning:\n  sm80: {tile_m: 256, tile_n: 128}\n", 4, "would spill"),
+    ("tuning: 3\n", 4, "expected a mapping of family -> parameters"),
+])
+def test_bad_tuning_is_refused_with_its_line(tuning, line, message):
+    with pytest.raises(SpecError) as info:
+        spec_from_yaml_text(BASE + tuning, "t.yaml")
+    assert str(info.value).startswith(f"t.yaml:{line}: tuning")
+    assert message in str(info.value)
+
+
+def test_tuning_that_fits_only_some_archs_narrows_the_default():
+    spec = load_spec({"name": "t", "dtype": "bf16", "head_dim": 128, "tuning": {"sm80": {"tile_n": 128, "num_warps": 8}}})
+    assert "sm_90a" in spec.archs and "sm_86" not in spec.archs   # 99 KB cannot hold the tiles
