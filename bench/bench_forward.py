@@ -1,11 +1,11 @@
-"""Forward benchmark: fa_gen against the anchors, side by side in one process on one GPU.
+"""The project's forward benchmark: fa_gen against the anchors, side by side in one process.
 
-    python bench/bench_forward.py --commit $(git rev-parse --short HEAD) [--out DIR]
+    python bench/bench_forward.py --commit $(git rev-parse --short HEAD) [--out DIR] [--plot]
 
 Shapes follow FlashAttention's benchmarks: batch*seqlen = 16k tokens, heads*head_dim = 2048.
 TFLOP/s = 4*b*h*s^2*d (halved for causal) over the median of >= 20 timed runs after warm-up,
 with inputs rotated among several sets so L2 cannot serve repeats. Writes
-<out>/<date>-<commit>.json and prints the ratio table fa_gen / anchor.
+<out>/<date>-<commit>.json (and a PNG with --plot) and prints fa_gen / best anchor per cell.
 """
 
 from __future__ import annotations
@@ -20,106 +20,102 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fa_gen.spec_load import load_spec  # noqa: E402
-from fa_gen.runtime import build  # noqa: E402
+from implementations import ANCHORS, IMPLEMENTATIONS, Case  # noqa: E402
+
 from fa_gen.timing import attention_flops, make_input_sets, median_ms  # noqa: E402
 
 TOKENS = 16 * 1024
 HIDDEN = 2048
+REPEATS = 30
 
 
-def fa_gen_impl(head_dim: int, causal: bool, dtype: str):
-    spec = load_spec({"name": f"bench_{'causal' if causal else 'full'}_{dtype}_d{head_dim}",
-                      "dtype": dtype, "head_dim": head_dim, "mask": "causal" if causal else "none"})
-    kernel = build(spec)
-    return lambda q, k, v: kernel.forward(q, k, v)
-
-
-def sdpa_impl(backend_name: str):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = getattr(SDPBackend, backend_name)
-
-    def make(head_dim: int, causal: bool, dtype: str):
-        def run(q, k, v):
-            # SDPA wants (b, h, s, d); a transposed view keeps the same memory.
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
-        return run
-    return make
-
-
-IMPLEMENTATIONS = {
-    "fa_gen": fa_gen_impl,
-    "sdpa_flash": sdpa_impl("FLASH_ATTENTION"),
-}
-
-
-def bench_cell(name, make, head_dim, causal, seqlen, dtype_name):
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-    batch, heads = TOKENS // seqlen, HIDDEN // head_dim
+def time_case(name: str, case: Case, input_sets) -> dict:
     try:
-        fn = make(head_dim, causal, dtype_name)
-        sets = make_input_sets(4, batch, seqlen, heads, heads, head_dim, head_dim, dtype)
-        ms = median_ms(fn, sets, warmup=5, repeats=30)
+        fn = IMPLEMENTATIONS[name](case)
+        ms = median_ms(fn, input_sets, warmup=5, repeats=REPEATS)
     except Exception as exc:  # an anchor that cannot run a cell is recorded, not fatal
         return {"impl": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
-    flops = attention_flops(batch, heads, seqlen, seqlen, head_dim, head_dim, causal)
+    flops = attention_flops(case.batch, case.heads, case.seqlen, case.seqlen, case.head_dim,
+                            case.head_dim, case.causal)
     return {"impl": name, "ms": ms, "tflops": flops / ms / 1e9}
+
+
+def cases(args):
+    for dtype in args.dtypes.split(","):
+        for head_dim in map(int, args.head_dims.split(",")):
+            for causal in (False, True):
+                for seqlen in map(int, args.seqlens.split(",")):
+                    yield Case(dtype, head_dim, causal, seqlen, TOKENS // seqlen, HIDDEN // head_dim)
+
+
+def run_cell(case: Case, impls: list[str]) -> dict:
+    sets = make_input_sets(4, case.batch, case.seqlen, case.heads, case.heads, case.head_dim,
+                           case.head_dim, case.torch_dtype)
+    cell = {"dtype": case.dtype, "head_dim": case.head_dim, "causal": case.causal, "seqlen": case.seqlen,
+            "batch": case.batch, "heads": case.heads, "results": [time_case(n, case, sets) for n in impls]}
+    del sets
+    return cell
+
+
+def ratio_to_best_anchor(cell: dict) -> tuple[float | None, str | None]:
+    by = {r["impl"]: r.get("tflops") for r in cell["results"]}
+    anchors = {n: t for n, t in by.items() if n in ANCHORS and t}
+    if not by.get("fa_gen") or not anchors:
+        return None, None
+    best = max(anchors, key=anchors.get)
+    return by["fa_gen"] / anchors[best], best
+
+
+def format_row(cell: dict) -> str:
+    head = (f"{cell['dtype']} d={cell['head_dim']:3d} {'causal' if cell['causal'] else 'full  '} "
+            f"s={cell['seqlen']:5d}")
+    parts = [head] + [f"{r['impl']} {r['tflops']:6.1f}" if "tflops" in r else f"{r['impl']}   ERR"
+                      for r in cell["results"]]
+    ratio, best = ratio_to_best_anchor(cell)
+    if ratio is not None:
+        parts.append(f"fa_gen/{best} {ratio:.2f}")
+    return " | ".join(parts)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    parser.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
-    parser.add_argument("--head-dims", default="64,128")
-    parser.add_argument("--dtypes", default="bf16")
+    parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--impls", default=",".join(IMPLEMENTATIONS))
+    parser.add_argument("--plot", action="store_true", help="also write a PNG (needs matplotlib)")
     args = parser.parse_args()
 
+    impls = args.impls.split(",")
     rows = []
-    for dtype_name in args.dtypes.split(","):
-        for head_dim in map(int, args.head_dims.split(",")):
-            for causal in (False, True):
-                for seqlen in map(int, args.seqlens.split(",")):
-                    cell = {"dtype": dtype_name, "head_dim": head_dim, "causal": causal, "seqlen": seqlen,
-                            "batch": TOKENS // seqlen, "heads": HIDDEN // head_dim, "results": []}
-                    for name in args.impls.split(","):
-                        cell["results"].append(bench_cell(name, IMPLEMENTATIONS[name], head_dim, causal,
-                                                          seqlen, dtype_name))
-                    rows.append(cell)
-                    print(_format_row(cell), flush=True)
+    for case in cases(args):
+        rows.append(run_cell(case, impls))
+        print(format_row(rows[-1]), flush=True)
     report = {
         "commit": args.commit,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "method": "median of 30 CUDA-event timings after 5 warm-ups, 4 rotated input sets; "
-                  "TFLOP/s = 4*b*h*s^2*d (/2 causal)",
+        "method": f"median of {REPEATS} CUDA-event timings after 5 warm-ups, 4 rotated input sets; "
+                  "TFLOP/s = 4*b*h*s^2*d (/2 causal); batch*seqlen = 16k, heads*head_dim = 2048",
         "cells": rows,
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{dt.date.today().isoformat()}-{args.commit}.json"
+    stem = f"{dt.date.today().isoformat()}-{args.commit}"
+    path = out_dir / f"{stem}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
+    if args.plot:
+        from plot import plot_report
+
+        print(f"wrote {plot_report(report, out_dir / f'{stem}.png')}")
     return 0
-
-
-def _format_row(cell) -> str:
-    by = {r["impl"]: r for r in cell["results"]}
-    parts = [f"{cell['dtype']} d={cell['head_dim']:3d} {'causal' if cell['causal'] else 'full  '} s={cell['seqlen']:5d}"]
-    for name, r in by.items():
-        parts.append(f"{name} {r['tflops']:6.1f}" if "tflops" in r else f"{name} ERR")
-    ours = by.get("fa_gen", {}).get("tflops")
-    for name, r in by.items():
-        if name != "fa_gen" and ours and "tflops" in r:
-            parts.append(f"ratio/{name} {ours / r['tflops']:.2f}")
-    return " | ".join(parts)
 
 
 if __name__ == "__main__":

@@ -15,4 +15,4 @@ FA_GEN_PRECOMPILE_JOBS=${JOBS:-16} python -m pytest -m gpu -q -p no:cacheprovide
   --hypothesis-show-statistics "$@" 2>&1 | tee "$out/l1.log"
 python bench/load_time.py causal_bf16_d128 2>&1 | tee "$out/load.log"
 python bench/overhead.py 2>&1 | tee "$out/overhead.log"
-python bench/bench_forward.py --commit "$commit" --out "$out" 2>&1 | tee "$out/bench.log"
+python bench/bench_forward.py --commit "$commit" --out "$out" --plot ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"

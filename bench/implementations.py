@@ -1,0 +1,92 @@
+"""Everything the benchmark can time, behind one signature: make(case) -> fn(q, k, v).
+
+q, k, v arrive as (batch, seqlen, heads, dim), the layout of flash_attn_func and fa_gen.
+Anchors that want (batch, heads, seqlen, dim) get transposed views of the same memory.
+An implementation that cannot run a case raises; the benchmark records the error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Case:
+    dtype: str          # "bf16" | "fp16"
+    head_dim: int
+    causal: bool
+    seqlen: int
+    batch: int
+    heads: int
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
+
+
+def _fa_gen(family: str | None):
+    def make(case: Case):
+        from fa_gen.runtime import build
+        from fa_gen.spec_load import load_spec
+
+        spec = load_spec({"name": f"bench_{'causal' if case.causal else 'full'}_{case.dtype}_d{case.head_dim}",
+                          "dtype": case.dtype, "head_dim": case.head_dim,
+                          "mask": "causal" if case.causal else "none"})
+        kernel = build(spec, family=family)
+        return lambda q, k, v: kernel.forward(q, k, v)
+    return make
+
+
+def _sdpa(backend_name: str):
+    def make(case: Case):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, backend_name)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def run(q, k, v):
+            with sdpa_kernel(backend):
+                return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=case.causal)
+        return run
+    return make
+
+
+_FLEX = {}
+
+
+def _flex(case: Case):
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # At dynamo's default limit (8) a compiled function silently falls back to eager after 8 shapes.
+    torch._dynamo.config.cache_size_limit = 1024
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 1024
+    compiled = _FLEX.setdefault("fn", torch.compile(flex_attention))
+    block_mask = None
+    if case.causal:
+        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, B=None, H=None,
+                                       Q_LEN=case.seqlen, KV_LEN=case.seqlen, device="cuda")
+
+    def run(q, k, v):
+        return compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
+    return run
+
+
+def _fa4(case: Case):
+    from flash_attn.cute import flash_attn_func
+
+    return lambda q, k, v: flash_attn_func(q, k, v, causal=case.causal)
+
+
+IMPLEMENTATIONS = {
+    "fa_gen": _fa_gen(None),          # the family the registry prefers on this GPU
+    "fa_gen_sm80": _fa_gen("sm80"),   # the Ampere-class family, for comparison on newer GPUs
+    "sdpa_flash": _sdpa("FLASH_ATTENTION"),
+    "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
+    "flex": _flex,
+    "fa4": _fa4,
+}
+ANCHORS = ("sdpa_flash", "sdpa_cudnn", "flex", "fa4")
