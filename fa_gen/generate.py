@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .archs import family_for
 from .paths import generated_dir, specs_dir
 from .render import render
 from .spec import Spec
@@ -18,8 +19,9 @@ def expected_files(spec: Spec) -> dict[Path, str]:
     """Relative path -> text of every file the renders of `spec` produce."""
     files = {}
     for arch in spec.archs:
-        rendered = render(spec, arch)
-        files[Path(spec.name) / arch / rendered.filename] = rendered.text
+        for kind in family_for(spec, arch).kernel_files():
+            rendered = render(spec, arch, kind=kind)
+            files[Path(spec.name) / arch / rendered.filename] = rendered.text
     return files
 
 

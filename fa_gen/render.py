@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import jinja2
 
 from . import archs as archs_mod
+from .errors import UnsupportedError
 from .paths import templates_dir
 from .spec import Spec
 from .version import __version__
@@ -39,11 +40,17 @@ def environment() -> jinja2.Environment:
     )
 
 
-def render(spec: Spec, arch: str, family_name: str | None = None) -> RenderedSource:
-    """Render the forward kernel of `spec` for `arch` with the family that serves it
+def render(spec: Spec, arch: str, family_name: str | None = None, kind: str = "forward") -> RenderedSource:
+    """Render the `kind` kernel of `spec` for `arch` with the family that serves it
     (or with the family named `family_name`)."""
     family = archs_mod.family_for(spec, arch, family_name)
+    files = family.kernel_files()
+    if kind not in files:
+        raise UnsupportedError(f"{kind} kernel of spec {spec.name!r} on {arch}",
+                                         [f"family {family.name} renders only {', '.join(files)}"])
+    template_name, filename = files[kind]
     context = family.render_context(spec, arch)
-    context.update(spec=spec, arch=arch, family=family.name, fa_gen_version=__version__)
-    template = environment().get_template(f"{family.name}/{family.forward_template}")
-    return RenderedSource(family.name, arch, family.forward_filename, template.render(**context))
+    context.update(family.kind_context(spec, arch, kind))
+    context.update(spec=spec, arch=arch, family=family.name, kind=kind, fa_gen_version=__version__)
+    template = environment().get_template(f"{family.name}/{template_name}")
+    return RenderedSource(family.name, arch, filename, template.render(**context))

@@ -161,14 +161,20 @@ def resolve_spec(spec: Spec | str | os.PathLike) -> Spec:
 
 
 def _build_uncached(spec: Spec, arch: str, family_name: str | None) -> Kernel:
+    function, info = load_kernel_function(spec, arch, family_name, kind="forward")
+    return Kernel(spec, arch, function, info)
+
+
+def load_kernel_function(spec: Spec, arch: str, family_name: str | None = None, kind: str = "forward"):
+    """Render, then compile or load from the cache, the `kind` kernel: (callable, BuildInfo)."""
     if arch not in spec.archs:
         raise UnsupportedError(f"spec {spec.name!r} on {arch}",
                                [f"the spec targets {', '.join(spec.archs)}; add {arch} to its archs"])
     family = archs.family_for(spec, arch, family_name)
     backend = get_backend(family.backend)
-    rendered = render(spec, arch, family.name)
+    rendered = render(spec, arch, family.name, kind)
     _dump_source(spec, rendered)
-    key = CacheKey.for_source(uri=f"{spec.name}_forward", arch=arch, kind="forward", source=rendered.text,
+    key = CacheKey.for_source(uri=f"{spec.name}_{kind}", arch=arch, kind=kind, source=rendered.text,
                               fields={"spec": spec.canonical_json(), "family": family.name,
                                       "backend": family.backend, "options": backend.compile_options(arch)})
     cache = default_cache()
@@ -176,13 +182,13 @@ def _build_uncached(spec: Spec, arch: str, family_name: str | None) -> Kernel:
     builds_before = cache.stats.builds
     function = cache.get_or_build(
         key, rendered.text,
-        build=lambda source, path: backend.compile_to_object(source, arch, path, label=spec.name),
+        build=lambda source, path: backend.compile_to_object(source, arch, path, label=f"{spec.name} {kind}"),
         load=backend.load_object,
     )
     info = BuildInfo(arch=arch, family=family.name, entry_dir=cache.stats.last_entry,
                      source_filename=rendered.filename, seconds=time.perf_counter() - start,
                      compiled=cache.stats.builds > builds_before)
-    return Kernel(spec, arch, function, info)
+    return function, info
 
 
 def _dump_source(spec: Spec, rendered) -> None:

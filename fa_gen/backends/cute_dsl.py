@@ -1,6 +1,7 @@
 """CuTe DSL backend: rendered Python module -> object file -> TVM-FFI callable.
 
-The rendered module defines `FlashAttentionForward` and `compile_arguments()`
+The rendered module defines `FlashAttentionForward` (or names its entry class in
+`ENTRY_CLASS`) and `compile_arguments()`
 (fake tensors with symbolic shapes), so one compiled kernel serves every
 runtime shape. Compilation needs no GPU: the target comes from `--gpu-arch`.
 The object file embeds the cubin and the host launcher; loading it back takes
@@ -49,12 +50,17 @@ def compile_to_object(source: str, arch: str, object_path: Path, *, label: str =
     start = time.perf_counter()
     module = _import_rendered(source, f"fa_gen_rendered_{abs(hash(source)) & 0xFFFFFFFF:08x}")
     try:
-        compiled = cute.compile(module.FlashAttentionForward(), *module.compile_arguments(),
+        compiled = cute.compile(_entry_class(module)(), *module.compile_arguments(),
                                 options=compile_options(arch))
         compiled.export_to_c(str(object_path), ENTRY_SYMBOL)
     except Exception as exc:  # the DSL raises many types; all mean "fa_gen rendered bad code"
         raise CompileError(f"CuTe DSL failed to compile {label} for {arch}: {exc}") from exc
     return time.perf_counter() - start
+
+
+def _entry_class(module):
+    # A forward render defines FlashAttentionForward; other kinds name theirs in ENTRY_CLASS.
+    return getattr(module, "ENTRY_CLASS", None) or module.FlashAttentionForward
 
 
 def load_object(object_path: Path):

@@ -15,6 +15,16 @@ class Family:
     forward_filename: str = "forward.py"
     # Names a spec's `tuning: {<family>: {...}}` may set for this family.
     tuning_params: tuple[str, ...] = ()
+    # Kernels besides the forward one (e.g. "backward"): kind -> (template, rendered filename).
+    extra_kernels: dict[str, tuple[str, str]] = {}
+
+    def kernel_files(self) -> dict[str, tuple[str, str]]:
+        """Every kernel kind this family renders: kind -> (template, rendered filename)."""
+        return {"forward": (self.forward_template, self.forward_filename), **self.extra_kernels}
+
+    def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
+        """Context a non-forward kind adds to `render_context` (its own tiles, say)."""
+        return {}
 
     def can_implement(self, spec: Spec, arch: str) -> list[str]:
         """Reasons this family cannot implement `spec` on `arch`; empty when it can."""
