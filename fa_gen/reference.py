@@ -3,6 +3,15 @@
 `attention_reference` is deliberately naive (materialises the score matrix) and
 shares no code with the kernels: it is written from the spec's definition of
 visibility, not from any kernel's tiling.
+
+A spec's expressions (fa_gen/variant) enter through the torch emitter, over index
+tensors shaped to broadcast as (batch, heads_q, seqlen_q, seqlen_k):
+  score_mod  replaces each scaled score (score = softmax_scale * q.k) before masking;
+  mask       keeps the keys it is true for (kind masks keep their window definition);
+  sink       one extra logit per row in the softmax denominator: it takes probability
+             mass and contributes no value, so a row that sees no key gets out 0 and
+             lse = the sink (not -inf).
+Values for the spec's declared inputs are passed as `inputs={name: tensor or number}`.
 """
 
 from __future__ import annotations
@@ -10,10 +19,23 @@ from __future__ import annotations
 import torch
 
 from .spec import Spec
+from .variant.bind import bind_inputs
+from .variant.emit_torch import emit_torch
 
 
-def visibility(spec: Spec, seqlen_q: int, seqlen_k: int, device=None) -> torch.Tensor:
-    """Boolean (seqlen_q, seqlen_k): may query i attend to key j under `spec`'s mask."""
+def visibility(spec: Spec, seqlen_q: int, seqlen_k: int, device=None, *, batch: int | None = None,
+               heads_q: int | None = None, inputs=None) -> torch.Tensor:
+    """Boolean: may query i attend to key j under `spec`'s mask.
+
+    (seqlen_q, seqlen_k) for the kind masks; for a mask expression, which may depend on the
+    batch entry, the head and the inputs, (batch, heads_q, seqlen_q, seqlen_k).
+    """
+    if spec.mask_expr is not None:
+        if batch is None or heads_q is None:
+            raise TypeError("visibility of a mask expression needs batch= and heads_q=")
+        env = _env(spec, batch, heads_q, seqlen_q, seqlen_k, device, inputs)
+        visible = emit_torch(spec.mask_tree)(env)
+        return visible.expand(batch, heads_q, seqlen_q, seqlen_k)
     i = torch.arange(seqlen_q, device=device).unsqueeze(1) + spec.key_offset(seqlen_q, seqlen_k)
     j = torch.arange(seqlen_k, device=device).unsqueeze(0)
     visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
@@ -24,28 +46,59 @@ def visibility(spec: Spec, seqlen_q: int, seqlen_k: int, device=None) -> torch.T
     return visible
 
 
+def _env(spec: Spec, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, device, inputs) -> dict:
+    """Names for the torch emitter: indices as broadcastable aranges, sizes, checked inputs."""
+    sizes = {"batch": batch, "heads_q": heads_q, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    env = bind_inputs(spec.inputs, inputs, sizes)
+    for name, length, axis in (("b", batch, 0), ("h", heads_q, 1), ("q_idx", seqlen_q, 2), ("kv_idx", seqlen_k, 3)):
+        shape = [1, 1, 1, 1]
+        shape[axis] = length
+        env[name] = torch.arange(length, device=device).view(shape)
+    env.update(seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q)
+    return env
+
+
 def _expand_kv_heads(x: torch.Tensor, heads_q: int) -> torch.Tensor:
     # (b, s, h_kv, d) -> (b, s, h_q, d): query head h reads kv head h // group.
     group = heads_q // x.shape[2]
     return x.repeat_interleave(group, dim=2)
 
 
+def _logits(scores: torch.Tensor, spec: Spec, inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(masked logits (b, h, sq, sk), sink logits (b, h, sq) or None), in scores' dtype."""
+    batch, heads_q, seqlen_q, seqlen_k = scores.shape
+    needs_env = spec.uses_expressions
+    env = _env(spec, batch, heads_q, seqlen_q, seqlen_k, scores.device, inputs) if needs_env else {}
+    if spec.score_mod_expr is not None:
+        scores = emit_torch(spec.score_mod_tree, scores.dtype)({**env, "score": scores}).expand_as(scores)
+    if spec.mask_expr is not None:
+        visible = emit_torch(spec.mask_tree)(env)
+    else:
+        visible = visibility(spec, seqlen_q, seqlen_k, device=scores.device)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    sink = None
+    if spec.sink_expr is not None:
+        sink = emit_torch(spec.sink_tree, scores.dtype)(env).expand(batch, heads_q, seqlen_q, 1)[..., 0]
+    return scores, sink
+
+
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec,
-                        compute_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+                        compute_dtype: torch.dtype = torch.float64, *,
+                        inputs=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) for (batch, seqlen, heads, dim) inputs, computed in `compute_dtype`.
 
     out has q's layout with v's head dim, in `compute_dtype`; lse is (batch, heads_q,
-    seqlen_q), natural log. Rows that see no key get out 0 and lse -inf.
+    seqlen_q), natural log. Rows that see no key get out 0 and lse -inf (the sink, with one).
     """
-    batch, seqlen_q, heads_q, _ = q.shape
-    seqlen_k = k.shape[1]
+    heads_q = q.shape[2]
     qc = q.to(compute_dtype)
     kc = _expand_kv_heads(k.to(compute_dtype), heads_q)
     vc = _expand_kv_heads(v.to(compute_dtype), heads_q)
     scores = torch.einsum("bqhd,bkhd->bhqk", qc, kc) * spec.softmax_scale
-    visible = visibility(spec, seqlen_q, seqlen_k, device=q.device)
-    scores = scores.masked_fill(~visible, float("-inf"))
+    scores, sink = _logits(scores, spec, inputs)
     lse = torch.logsumexp(scores, dim=-1)
+    if sink is not None:
+        lse = torch.logaddexp(lse, sink)
     # exp(-inf - -inf) is NaN: rows with no visible key take probability 0 everywhere.
     safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     probs = torch.exp(scores - safe_lse.unsqueeze(-1))
@@ -53,18 +106,24 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec:
     return out, lse
 
 
-def attention_same_precision(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec) -> torch.Tensor:
+def attention_same_precision(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec, *,
+                             inputs=None) -> torch.Tensor:
     """What a straightforward PyTorch program computes in the inputs' own dtype.
 
     Its error against the float64 reference is the yardstick for a kernel's
-    tolerance: scores and the P·V product are rounded to q.dtype, softmax runs
-    in float32 (as PyTorch users write it and as FlashAttention's tests do).
+    tolerance: scores and the P·V product are rounded to q.dtype, softmax (and any
+    score mod or sink) runs in float32 (as PyTorch users write it and as
+    FlashAttention's tests do).
     """
     heads_q = q.shape[2]
     kx = _expand_kv_heads(k, heads_q)
     vx = _expand_kv_heads(v, heads_q)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, kx).float() * spec.softmax_scale
-    visible = visibility(spec, q.shape[1], k.shape[1], device=q.device)
-    scores = scores.masked_fill(~visible, float("-inf"))
+    scores, sink = _logits(scores, spec, inputs)
+    if sink is not None:
+        # The sink is one more column of the softmax, dropped once it has taken its share.
+        scores = torch.cat([scores, sink.unsqueeze(-1)], dim=-1)
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(q.dtype)
+    if sink is not None:
+        probs = probs[..., :-1]
     return torch.einsum("bhqk,bkhd->bqhd", probs, vx)

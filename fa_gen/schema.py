@@ -17,6 +17,8 @@ from pathlib import Path
 from . import spec_load
 from .archs import ARCHS
 from .spec import SPEC_VERSION, Alignment, DType, MaskKind
+from .variant import language, spec_fields
+from .variant.inputs import SCALAR_TYPES, TENSOR_DTYPES
 
 
 def json_schema() -> dict:
@@ -25,6 +27,14 @@ def json_schema() -> dict:
         "dtype": _enum(DType, "Element type of q, k, v and the output."),
         "head_dim": _head_dim(),
         "mask": _mask(),
+        "score_mod": _expression(
+            "A float expression: the new logit of each (query, key) pair, given score = softmax_scale * q.k; "
+            f"names: {', '.join(language.builtin_names(language.Role.SCORE_MOD))} and the inputs."),
+        "sink": _expression(
+            "A float expression: one extra logit per query row in the softmax denominator (it takes "
+            f"probability mass and gives no value); names: {', '.join(language.builtin_names(language.Role.SINK))} "
+            "and the inputs."),
+        "inputs": _inputs(),
         "softmax_scale": {
             "type": "number",
             "exclusiveMinimum": 0,
@@ -116,8 +126,59 @@ def _head_dim() -> dict:
 def _mask() -> dict:
     short = {"enum": [MaskKind.NONE.value, MaskKind.CAUSAL.value],
              "description": "Shorthand for {kind: none} or {kind: causal}."}
-    return {"oneOf": [short, _mask_mapping()], "default": MaskKind.NONE.value,
+    expr = _expression(
+        "A condition: key kv_idx is visible to query q_idx; integer arithmetic only. Names: "
+        f"{', '.join(language.builtin_names(language.Role.MASK))} and the inputs.")
+    return {"oneOf": [short, _mask_mapping(), expr], "default": MaskKind.NONE.value,
             "description": "Which keys each query row may attend to."}
+
+
+def _expression(description: str) -> dict:
+    return {
+        "type": "object",
+        "required": ["expr"],
+        "additionalProperties": False,
+        "properties": {"expr": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Python expression syntax over the names; + - * / // % **, comparisons, and/or/not, "
+                           f"{', '.join(language.FUNCTIONS)}.",
+        }},
+        "description": description,
+    }
+
+
+def _inputs() -> dict:
+    bounds = {"min": {"type": "number", "description": "Least value (inclusive) any element may hold."},
+              "max": {"type": "number", "description": "Greatest value (inclusive) any element may hold."}}
+    size = {"oneOf": [{"enum": list(language.SHAPE_SYMBOLS)}, {"type": "integer", "minimum": 1}]}
+    tensor = {
+        "type": "object",
+        "required": ["shape", "dtype"],
+        "additionalProperties": False,
+        "properties": {
+            "shape": {"type": "array", "minItems": 1, "items": size,
+                      "description": "Sizes: batch, heads_q, seqlen_q, seqlen_k (read with b, h, q_idx, kv_idx) "
+                                     "or fixed integers."},
+            "dtype": {"enum": list(TENSOR_DTYPES)},
+            **bounds,
+        },
+    }
+    scalar = {
+        "type": "object",
+        "required": ["scalar"],
+        "additionalProperties": False,
+        "properties": {"scalar": {"enum": list(SCALAR_TYPES)},
+                       "default": {"type": "number", "description": "Used when a call passes no value."},
+                       **bounds},
+    }
+    return {
+        "type": "object",
+        "minProperties": 1,
+        "propertyNames": {"pattern": f"^{spec_fields.INPUT_NAME_PATTERN}$"},
+        "additionalProperties": {"oneOf": [tensor, scalar]},
+        "description": "Tensors and scalars the expressions read, passed with each call.",
+    }
 
 
 def _mask_mapping() -> dict:
@@ -127,8 +188,9 @@ def _mask_mapping() -> dict:
         "required": ["kind"],
         "additionalProperties": False,
         "properties": {
-            "kind": _enum(MaskKind, "none: every key; causal: keys up to the diagonal; "
-                                    "sliding_window: keys within left/right of it."),
+            "kind": {"enum": [kind.value for kind in spec_load.MASK_KINDS],
+                     "description": "none: every key; causal: keys up to the diagonal; "
+                                    "sliding_window: keys within left/right of it."},
             "left": {"type": "integer", "minimum": 0, "description": side.format("left")},
             "right": {"type": "integer", "minimum": 0, "description": side.format("right")},
             "alignment": {

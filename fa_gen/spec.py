@@ -15,6 +15,11 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .variant.inputs import InputDecl
+from .variant.language import Role
+from .variant.parse import parse_cached
+from .variant.tree import Node
+
 SPEC_VERSION = 1
 
 
@@ -27,6 +32,8 @@ class MaskKind(str, Enum):
     NONE = "none"
     CAUSAL = "causal"
     SLIDING_WINDOW = "sliding_window"
+    # Written `mask: {expr: "..."}`, never as a kind: the expression (Spec.mask_expr) is the mask.
+    EXPR = "expr"
 
 
 class Alignment(str, Enum):
@@ -40,6 +47,11 @@ class Alignment(str, Enum):
     TOP_LEFT = "top_left"
 
 
+# Fields added after version 1 shipped: in the canonical JSON only when set, so that
+# every spec written without them keeps its identity (and its cache entries).
+_SET_ONLY = ("mask_expr", "score_mod_expr", "sink_expr", "inputs")
+
+
 @dataclass(frozen=True)
 class Spec:
     """One attention variant. Construct through `spec_load.load_spec` or `Spec.create`.
@@ -48,6 +60,11 @@ class Spec:
     (shifted by the alignment offset) sees keys j with
     i - window_left <= j <= i + window_right; None means unbounded on that side.
     `none` is (None, None), `causal` is (None, 0).
+
+    Expressions (see fa_gen/variant): `mask_expr` replaces the window (mask is EXPR, windows None);
+    `score_mod_expr` rewrites each scaled score, `sink_expr` adds a logit to each row's softmax
+    denominator; `inputs` declares the tensors and scalars they read. Each is held as canonical
+    text and enters the canonical JSON only when set, so specs without them keep their hashes.
     """
 
     name: str
@@ -64,12 +81,36 @@ class Spec:
     # Per-family overrides of tile shapes and pipeline depth, canonically sorted:
     # ((family, ((param, value), ...)), ...). Families validate their own params.
     tuning: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
+    mask_expr: str | None = None
+    score_mod_expr: str | None = None
+    sink_expr: str | None = None
+    inputs: tuple[InputDecl, ...] = ()
     # Where the spec came from: for messages only, never part of identity.
     source: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_masked(self) -> bool:
-        return self.window_left is not None or self.window_right is not None
+        return self.window_left is not None or self.window_right is not None or self.mask_expr is not None
+
+    @property
+    def uses_expressions(self) -> bool:
+        """Whether the spec has a mask, score-mod or sink expression (families opt in to these)."""
+        return any(e is not None for e in (self.mask_expr, self.score_mod_expr, self.sink_expr))
+
+    @property
+    def mask_tree(self) -> Node | None:
+        return self._tree(self.mask_expr, Role.MASK)
+
+    @property
+    def score_mod_tree(self) -> Node | None:
+        return self._tree(self.score_mod_expr, Role.SCORE_MOD)
+
+    @property
+    def sink_tree(self) -> Node | None:
+        return self._tree(self.sink_expr, Role.SINK)
+
+    def _tree(self, text: str | None, role: Role) -> Node | None:
+        return None if text is None else parse_cached(text, role, self.inputs)
 
     @property
     def softmax_scale_log2(self) -> float:
@@ -84,10 +125,12 @@ class Spec:
         """Canonical, JSON-ready form: named fields only, enums as their values."""
         out = {"spec_version": SPEC_VERSION}
         for f in dataclasses.fields(self):
-            if f.name == "source":
+            if f.name == "source" or f.name in _SET_ONLY and getattr(self, f.name) == f.default:
                 continue
             value = getattr(self, f.name)
-            if isinstance(value, Enum):
+            if f.name == "inputs":
+                value = {decl.name: decl.to_dict() for decl in value}
+            elif isinstance(value, Enum):
                 value = value.value
             elif f.name == "tuning":
                 value = {family: dict(params) for family, params in value}

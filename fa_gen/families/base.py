@@ -17,6 +17,8 @@ class Family:
     tuning_params: tuple[str, ...] = ()
     # Kernels besides the forward one (e.g. "backward"): kind -> (template, rendered filename).
     extra_kernels: dict[str, tuple[str, str]] = {}
+    # Whether the templates implement mask / score-mod / sink expressions (fa_gen/variant).
+    supports_expressions: bool = False
 
     def kernel_files(self) -> dict[str, tuple[str, str]]:
         """Every kernel kind this family renders: kind -> (template, rendered filename)."""
@@ -30,6 +32,8 @@ class Family:
         """Reasons this family cannot implement `spec` on `arch`; empty when it can."""
         if arch not in self.archs:
             return [f"serves {', '.join(self.archs)}, not {arch}"]
+        if spec.uses_expressions and not self.supports_expressions:
+            return ["expression masks/score mods are not implemented in this family yet"]
         return self.spec_reasons(spec, arch)
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:

@@ -1,0 +1,137 @@
+"""Per-call classification of every (query tile, key tile) pair under a mask expression.
+
+For each tile the mask is NEVER true (skip it: no load, no MMA), ALWAYS true (no
+element mask) or MAYBE (apply the element mask). One interval walk over the whole
+grid decides every tile at once: q_idx and kv_idx are the tiles' index ranges, b
+and h are single values where the mask depends on them (else their full range),
+sizes and scalars are this call's values. Data-dependent masks read tensor inputs;
+for those, the per-tile minimum and maximum of each input (over the rows of the
+tile along seqlen dimensions, over everything along fixed-size ones) is the cheap
+metadata the walk uses, computed here once per call.
+
+Rows past seqlen_q and keys past seqlen_k are not part of any tile's range: the
+kernel bounds-checks those separately, as it always does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from .bind import bind_inputs
+from .inputs import InputDecl, find_input
+from .intervals import Interval, bounds, tri_codes
+from .tree import Node, Type, names_used
+
+_F64 = torch.float64
+# Canonical axes of the classification grid: (batch, head, query tile, key tile).
+_AXIS = {"batch": 0, "heads_q": 1, "seqlen_q": 2, "seqlen_k": 3}
+
+
+def classify_tiles(mask: Node, decls: tuple[InputDecl, ...], inputs: Mapping | None, *, batch: int,
+                   heads_q: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int,
+                   device=None) -> torch.Tensor:
+    """int8 Tri codes of shape (batch or 1, heads_q or 1, ceil(seqlen_q / tile_m), ceil(seqlen_k / tile_n)).
+
+    The batch (head) axis has size 1 when the mask does not depend on b (h).
+    """
+    assert mask.type is Type.BOOL, "classify_tiles takes a mask"
+    sizes = {"batch": batch, "heads_q": heads_q, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    values = bind_inputs(decls, inputs, sizes)
+    used = names_used(mask)
+    per_batch, per_head = "b" in used, "h" in used
+    env = _index_env(sizes, tile_m, tile_n, per_batch, per_head, device)
+    for name in used:
+        decl = find_input(decls, name)
+        if decl is None:
+            continue
+        if decl.is_scalar:
+            env[name] = Interval.point(values[name])
+        else:
+            env[name] = tile_bounds(values[name], decl, tile_m, tile_n, per_batch, per_head)
+    codes = tri_codes(bounds(mask, env))
+    grid = (batch if per_batch else 1, heads_q if per_head else 1,
+            _num_tiles(seqlen_q, tile_m), _num_tiles(seqlen_k, tile_n))
+    return torch.broadcast_to(codes.to(device) if device else codes, grid).contiguous()
+
+
+def _num_tiles(length: int, tile: int) -> int:
+    return -(-length // tile)
+
+
+def _index_env(sizes: dict, tile_m: int, tile_n: int, per_batch: bool, per_head: bool, device) -> dict:
+    env = {"seqlen_q": Interval.point(sizes["seqlen_q"]), "seqlen_k": Interval.point(sizes["seqlen_k"]),
+           "heads_q": Interval.point(sizes["heads_q"])}
+    env["q_idx"] = _tile_ranges(sizes["seqlen_q"], tile_m, axis=2, device=device)
+    env["kv_idx"] = _tile_ranges(sizes["seqlen_k"], tile_n, axis=3, device=device)
+    env["b"] = _each_or_all(sizes["batch"], per_batch, axis=0, device=device)
+    env["h"] = _each_or_all(sizes["heads_q"], per_head, axis=1, device=device)
+    return env
+
+
+def _grid_view(x: torch.Tensor, axis: int) -> torch.Tensor:
+    shape = [1, 1, 1, 1]
+    shape[axis] = x.numel()
+    return x.view(shape)
+
+
+def _tile_ranges(length: int, tile: int, axis: int, device) -> Interval:
+    """Index range of each tile, [t * tile, min((t + 1) * tile, length) - 1], along grid `axis`."""
+    lo = torch.arange(_num_tiles(length, tile), dtype=_F64, device=device) * tile
+    hi = torch.clamp(lo + tile, max=length) - 1
+    return Interval(_grid_view(lo, axis), _grid_view(hi, axis))
+
+
+def _each_or_all(count: int, each: bool, axis: int, device) -> Interval:
+    if each:
+        values = _grid_view(torch.arange(count, dtype=_F64, device=device), axis)
+        return Interval(values, values)
+    return Interval.of(0, max(count - 1, 0))
+
+
+def tile_bounds(tensor: torch.Tensor, decl: InputDecl, tile_m: int, tile_n: int,
+                per_batch: bool, per_head: bool) -> Interval:
+    """Bounds of a tensor input's elements per grid cell, shaped to broadcast against the grid.
+
+    A seqlen_q (seqlen_k) dimension reduces per query (key) tile; batch and heads_q dimensions stay
+    per entry when the mask reads b / h pointwise; every other dimension reduces whole.
+    """
+    lo = hi = tensor.to(_F64)
+    axes = []
+    for dim, size in enumerate(decl.shape):
+        if size in ("seqlen_q", "seqlen_k"):
+            tile = tile_m if size == "seqlen_q" else tile_n
+            lo, hi = _tile_reduce(lo, dim, tile, torch.amin), _tile_reduce(hi, dim, tile, torch.amax)
+            axes.append(_AXIS[size])
+        elif (size == "batch" and per_batch) or (size == "heads_q" and per_head):
+            axes.append(_AXIS[size])
+        else:
+            lo, hi = lo.amin(dim, keepdim=True), hi.amax(dim, keepdim=True)
+            axes.append(None)
+    return Interval(_to_grid(lo, axes), _to_grid(hi, axes))
+
+
+def _tile_reduce(x: torch.Tensor, dim: int, tile: int, reduce) -> torch.Tensor:
+    """Reduce `dim` in blocks of `tile` (the last block may be short: padding never wins)."""
+    length = x.shape[dim]
+    pad = _num_tiles(length, tile) * tile - length
+    if pad:
+        fill = float("inf") if reduce is torch.amin else float("-inf")
+        pad_shape = list(x.shape)
+        pad_shape[dim] = pad
+        x = torch.cat([x, torch.full(pad_shape, fill, dtype=x.dtype, device=x.device)], dim=dim)
+    blocks = x.shape[:dim] + (_num_tiles(length, tile), tile) + x.shape[dim + 1:]
+    return reduce(x.reshape(blocks), dim=dim + 1)
+
+
+def _to_grid(x: torch.Tensor, axes: list) -> torch.Tensor:
+    """Move each kept dimension to its grid axis; reduced (size-1) dimensions drop out."""
+    kept = [(axis, dim) for dim, axis in enumerate(axes) if axis is not None]
+    x = x.reshape([x.shape[dim] for _, dim in kept]) if kept else x.reshape(())
+    order = sorted(range(len(kept)), key=lambda i: kept[i][0])
+    x = x.permute(order)
+    shape = [1, 1, 1, 1]
+    for i in order:
+        shape[kept[i][0]] = x.shape[order.index(i)]
+    return x.reshape(shape)
