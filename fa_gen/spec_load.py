@@ -9,6 +9,11 @@ YAML scalars resolve by the YAML 1.2 core schema, not PyYAML's YAML 1.1 one:
 only true/false are booleans (`return_lse: yes` is a string, so an error, and
 `mask: off` is not False), `1e-3` is a float, `0128` is 128, and nothing becomes
 a date. One spec, one reading, whichever YAML tool a user checks it with.
+
+Expression fields (`inputs`, `mask: {expr}`, `score_mod`, `sink`) are read by
+`variant/spec_fields.py`. Until a template family implements expressions, a spec
+using them loads only with `check_archs=False` (archs are then taken as listed, or
+left empty, without asking the families): enough for the reference and the tests.
 """
 
 from __future__ import annotations
@@ -27,11 +32,16 @@ from . import archs as archs_mod
 from .errors import SpecError
 from .families import REGISTRY
 from .spec import Alignment, DType, MaskKind, Spec
+from .variant import spec_fields
+from .variant.language import Role
 
-TOP_KEYS = ("name", "dtype", "head_dim", "mask", "softmax_scale", "archs", "return_lse", "tuning")
+TOP_KEYS = ("name", "dtype", "head_dim", "mask", "score_mod", "sink", "inputs", "softmax_scale", "archs",
+            "return_lse", "tuning")
 REQUIRED_KEYS = ("name", "dtype", "head_dim")
 HEAD_DIM_KEYS = ("qk", "v")
-MASK_KEYS = ("kind", "left", "right", "alignment")
+MASK_KEYS = ("kind", "left", "right", "alignment", "expr")
+# Mask kinds written as `kind:` (EXPR is written `mask: {expr: "..."}` instead).
+MASK_KINDS = tuple(kind for kind in MaskKind if kind is not MaskKind.EXPR)
 NAME_PATTERN = r"[a-z0-9_]+"
 HEAD_DIM_MIN, HEAD_DIM_MAX, HEAD_DIM_MULTIPLE = 8, 256, 8
 
@@ -40,26 +50,31 @@ _HEAD_DIM_ALLOWED = f"a multiple of {HEAD_DIM_MULTIPLE} from {HEAD_DIM_MIN} to {
 
 # --- public entry points ---------------------------------------------------------------------
 
-def load_spec(source: str | os.PathLike | Mapping) -> Spec:
-    """A validated Spec from a YAML file path or from an already parsed mapping."""
+def load_spec(source: str | os.PathLike | Mapping, *, check_archs: bool = True) -> Spec:
+    """A validated Spec from a YAML file path or from an already parsed mapping.
+
+    check_archs=False skips asking the families whether they implement the spec: listed
+    archs are kept (known names only), omitted archs stay empty. For specs no family serves
+    yet (expressions): the reference and the tests can use them, `build` cannot.
+    """
     if isinstance(source, Mapping):
-        return spec_from_mapping(source)
+        return spec_from_mapping(source, check_archs=check_archs)
     if isinstance(source, (str, os.PathLike)):
-        return load_spec_file(source)
+        return load_spec_file(source, check_archs=check_archs)
     raise TypeError(f"load_spec takes a path or a mapping, not {type(source).__name__}")
 
 
-def load_spec_file(path: str | os.PathLike) -> Spec:
+def load_spec_file(path: str | os.PathLike, *, check_archs: bool = True) -> Spec:
     shown = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(f"cannot read spec: {e}", path=shown) from None
-    return spec_from_yaml_text(text, path=shown)
+    return spec_from_yaml_text(text, path=shown, check_archs=check_archs)
 
 
-def spec_from_yaml_text(text: str, path: str = "<string>") -> Spec:
-    return spec_from_mapping(parse_yaml(text, path), path=path)
+def spec_from_yaml_text(text: str, path: str = "<string>", *, check_archs: bool = True) -> Spec:
+    return spec_from_mapping(parse_yaml(text, path), path=path, check_archs=check_archs)
 
 
 def parse_yaml(text: str, path: str = "<string>"):
@@ -75,7 +90,7 @@ def parse_yaml(text: str, path: str = "<string>"):
         raise SpecError(f"invalid YAML: {e}", path=path) from None
 
 
-def spec_from_mapping(data, path: str | None = None) -> Spec:
+def spec_from_mapping(data, path: str | None = None, *, check_archs: bool = True) -> Spec:
     """Validate parsed spec fields (from `parse_yaml` or plain Python) into a Spec."""
     if not isinstance(data, Mapping):
         what = "the spec is empty" if data is None else f"got {_show_typed(data)}"
@@ -85,7 +100,15 @@ def spec_from_mapping(data, path: str | None = None) -> Spec:
     # Fields are checked in the order a spec is usually written, so the first error is the topmost.
     name, dtype = _name(top), _enum(top, "dtype", DType)
     head_dim_qk, head_dim_v = _head_dims(top)
-    mask, window_left, window_right, alignment = _mask(top)
+    # Inputs before the expressions that read them.
+    inputs = spec_fields.read_inputs(top)
+    mask, window_left, window_right, alignment, mask_expr = _mask(top, inputs)
+    expressions = {
+        Role.MASK: mask_expr,
+        Role.SCORE_MOD: spec_fields.read_expr_mapping(top, "score_mod", Role.SCORE_MOD, inputs),
+        Role.SINK: spec_fields.read_expr_mapping(top, "sink", Role.SINK, inputs),
+    }
+    spec_fields.check_inputs_used(top, inputs, expressions)
     spec = Spec(
         name=name,
         dtype=dtype,
@@ -99,9 +122,15 @@ def spec_from_mapping(data, path: str | None = None) -> Spec:
         archs=(),
         return_lse=_bool(top, "return_lse", default=True),
         tuning=_tuning(top),
+        mask_expr=mask_expr,
+        score_mod_expr=expressions[Role.SCORE_MOD],
+        sink_expr=expressions[Role.SINK],
+        inputs=inputs,
         source=path,
     )
-    return spec.with_archs(_archs(top, spec))
+    if check_archs:
+        _check_tuning_usable(top, spec)
+    return spec.with_archs(_archs(top, spec, check=check_archs))
 
 
 # --- YAML with lines ---------------------------------------------------------------------------
@@ -114,6 +143,8 @@ class _LineDict(dict):
         self.start_line = start_line
         self.key_lines: dict = {}
         self.value_lines: dict = {}
+        # The YAML node of each value: expression errors map columns through its marks and style.
+        self.value_nodes: dict = {}
         # (key, line) of each repeated key: reported by the validator, which knows the dotted field.
         self.duplicates: list = []
 
@@ -173,6 +204,7 @@ def _construct_map(loader, node):
         data[key] = loader.construct_object(value_node)
         data.key_lines[key] = line
         data.value_lines[key] = value_node.start_mark.line + 1
+        data.value_nodes[key] = value_node
 
 
 def _construct_seq(loader, node):
@@ -291,9 +323,9 @@ def _name(top: _Node) -> str:
     return value
 
 
-def _enum(node: _Node, key, enum_cls):
+def _enum(node: _Node, key, enum_cls, members=None):
     value = node.data[key]
-    allowed = [member.value for member in enum_cls]
+    allowed = [member.value for member in (members or enum_cls)]
     if isinstance(value, str) and value in allowed:
         return enum_cls(value)
     raise node.error(key, _not_allowed(value, allowed))
@@ -323,20 +355,33 @@ def _head_dim_value(node: _Node, key, also: str = "") -> int:
     return value
 
 
-def _mask(top: _Node) -> tuple[MaskKind, int | None, int | None, Alignment]:
+def _mask(top: _Node, inputs) -> tuple[MaskKind, int | None, int | None, Alignment, str | None]:
+    """(kind, window_left, window_right, alignment, expression text or None)."""
     if "mask" not in top.data:
-        return MaskKind.NONE, None, None, Alignment.BOTTOM_RIGHT
+        return MaskKind.NONE, None, None, Alignment.BOTTOM_RIGHT, None
     value = top.data["mask"]
+    if isinstance(value, Mapping) and "expr" in value:
+        return _mask_expr(top.child("mask"), inputs)
     if isinstance(value, Mapping):
-        return _mask_mapping(top.child("mask"))
+        return (*_mask_mapping(top.child("mask")), None)
     if not isinstance(value, str):
-        raise top.error("mask", f"expected none, causal or a mapping {{kind: ..., ...}}, "
+        raise top.error("mask", f"expected none, causal or a mapping {{kind: ..., ...}} or {{expr: ...}}, "
                                 f"got {_show_typed(value)}")
-    kind = _enum(top, "mask", MaskKind)
+    kind = _enum(top, "mask", MaskKind, MASK_KINDS)
     if kind is MaskKind.SLIDING_WINDOW:
         raise top.error("mask", "'sliding_window' needs its window; write "
                                 "mask: {kind: sliding_window, left: N, right: N}")
-    return (kind, *_fixed_window(kind), Alignment.BOTTOM_RIGHT)
+    return (kind, *_fixed_window(kind), Alignment.BOTTOM_RIGHT, None)
+
+
+def _mask_expr(node: _Node, inputs) -> tuple[MaskKind, None, None, Alignment, str]:
+    node.check_keys(MASK_KEYS)
+    for key in node.data:
+        if key != "expr":
+            raise node.error(key, "not allowed with expr: an expression mask states its own window "
+                                  "and alignment (e.g. kv_idx <= q_idx + seqlen_k - seqlen_q)")
+    text = spec_fields.read_expr(node, Role.MASK, inputs)
+    return MaskKind.EXPR, None, None, Alignment.BOTTOM_RIGHT, text
 
 
 def _fixed_window(kind: MaskKind) -> tuple[int | None, int | None]:
@@ -345,7 +390,7 @@ def _fixed_window(kind: MaskKind) -> tuple[int | None, int | None]:
 
 def _mask_mapping(node: _Node) -> tuple[MaskKind, int | None, int | None, Alignment]:
     node.check_keys(MASK_KEYS, ("kind",))
-    kind = _enum(node, "kind", MaskKind)
+    kind = _enum(node, "kind", MaskKind, MASK_KINDS)
     if kind is MaskKind.SLIDING_WINDOW:
         left, right = (_window_side(node, side) for side in ("left", "right"))
     else:
@@ -390,21 +435,22 @@ def _softmax_scale(top: _Node, head_dim_qk: int) -> float:
 
 # --- archs -------------------------------------------------------------------------------------------
 
-def _archs(top: _Node, spec: Spec) -> tuple[str, ...]:
-    """The listed archs in registry order (one set, one identity), each checked implementable."""
+def _archs(top: _Node, spec: Spec, check: bool = True) -> tuple[str, ...]:
+    """The listed archs in registry order (one set, one identity), each checked implementable
+    (unless `check` is off: then known names only, and no default)."""
     if "archs" not in top.data:
-        return _default_archs(top, spec)
+        return _default_archs(top, spec) if check else ()
     value = top.data["archs"]
     if not isinstance(value, (list, tuple)) or not value:
         shown = _show_typed(value) if value else "an empty list"
         raise top.error("archs", f"expected a non-empty list of archs, e.g. [sm_80, sm_90a], got {shown}; "
                                  "omit archs for every arch that can implement the spec")
     for index, arch in enumerate(value):
-        _check_listed_arch(top, spec, value, index, arch)
+        _check_listed_arch(top, spec, value, index, arch, check)
     return tuple(arch for arch in archs_mod.ARCHS if arch in value)
 
 
-def _check_listed_arch(top: _Node, spec: Spec, listed, index: int, arch) -> None:
+def _check_listed_arch(top: _Node, spec: Spec, listed, index: int, arch, check: bool = True) -> None:
     lines = getattr(listed, "item_lines", None)
     line = lines[index] if lines else None
     field = f"archs[{index}]"
@@ -412,7 +458,7 @@ def _check_listed_arch(top: _Node, spec: Spec, listed, index: int, arch) -> None
         raise top.error(field, f"unknown arch: {_not_allowed(arch, archs_mod.ARCHS)}", line=line)
     if arch in listed[:index]:
         raise top.error(field, f"{arch} is listed twice", line=line)
-    reasons = archs_mod.why_not(spec, arch)
+    reasons = archs_mod.why_not(spec, arch) if check else []
     if reasons:
         raise top.error(field, f"{arch} cannot implement this spec: {'; '.join(reasons)}", line=line)
 
@@ -433,7 +479,9 @@ _BASELINES = (
     ("head_dim", {"head_dim_qk": 128, "head_dim_v": 128}),
     ("dtype", {"dtype": DType.BF16}),
     ("mask", {"mask": MaskKind.NONE, "window_left": None, "window_right": None,
-              "alignment": Alignment.BOTTOM_RIGHT}),
+              "alignment": Alignment.BOTTOM_RIGHT, "mask_expr": None}),
+    ("score_mod", {"score_mod_expr": None}),
+    ("sink", {"sink_expr": None}),
     ("return_lse", {"return_lse": True}),
     ("tuning", {"tuning": ()}),
 )
@@ -490,3 +538,24 @@ def _tuning_params(node: _Node, family: str, allowed: tuple[str, ...]) -> tuple:
         if _expect_int(params, key, "a positive integer") <= 0:
             raise params.error(key, f"{value[key]} is not allowed; allowed: a positive integer")
     return tuple(sorted(value.items()))
+
+
+def _check_tuning_usable(top: _Node, spec: Spec) -> None:
+    """Refuse a family's tuning that the family rejects on every arch it could otherwise serve.
+
+    Without this, a bad override would pass silently whenever another family serves the
+    same arch: the spec would just fall back to that family.
+    """
+    from .families import REGISTRY
+
+    untuned = dataclasses.replace(spec, tuning=())
+    node = top.child("tuning") if spec.tuning else None
+    for family in REGISTRY:
+        if not spec.tuning_for(family.name):
+            continue
+        servable = [arch for arch in family.archs if not family.can_implement(untuned, arch)]
+        reasons = {arch: family.can_implement(spec, arch) for arch in servable}
+        if servable and all(reasons.values()):
+            detail = "; ".join(dict.fromkeys(r for rs in reasons.values() for r in rs))
+            raise node.error(family.name, f"{_show(node.data[family.name])} cannot be used on any arch "
+                                          f"{family.name} serves ({', '.join(servable)}): {detail}")

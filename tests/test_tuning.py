@@ -11,19 +11,30 @@ BASE = "name: t\ndtype: bf16\nhead_dim: 128\n"
 
 
 def test_override_reaches_the_tile_and_the_render():
-    tuned = spec_from_yaml_text(BASE + "tuning:\n  sm80: {tile_n: 32}\n", "t.yaml")
+    # sm_80: an arch the sm80 family serves by preference (sm90 takes sm_90a).
+    tuned = spec_from_yaml_text(BASE + "tuning:\n  sm80: {tile_n: 64}\n", "t.yaml")
     plain = spec_from_yaml_text(BASE, "t.yaml")
-    assert tile_config(tuned, "sm_90a").tile_n == 32 and tile_config(plain, "sm_90a").tile_n != 32
+    assert tile_config(tuned, "sm_80").tile_n == 64 and tile_config(plain, "sm_80").tile_n != 64
     assert tuned.sha256() != plain.sha256()
-    assert render(tuned, "sm_90a").text != render(plain, "sm_90a").text
+    assert render(tuned, "sm_80").text != render(plain, "sm_80").text
+
+
+def test_sm90_override_reaches_the_render():
+    tuned = spec_from_yaml_text(BASE + "tuning:\n  sm90: {tile_n: 112}\n", "t.yaml")
+    plain = spec_from_yaml_text(BASE, "t.yaml")
+    assert render(tuned, "sm_90a").family == "sm90"
+    assert "TILE_N = 112" in render(tuned, "sm_90a").text and "TILE_N = 112" not in render(plain, "sm_90a").text
 
 
 @pytest.mark.parametrize("tuning,line,message", [
     ("tuning:\n  sm81: {tile_n: 32}\n", 5, "tuning.sm81: unknown key 'sm81' (did you mean 'sm80'?)"),
     ("tuning:\n  sm80: {tile_q: 32}\n", 5, "tuning.sm80.tile_q: unknown key"),
     ("tuning:\n  sm80: {tile_n: 0}\n", 5, "tuning.sm80.tile_n: 0 is not allowed"),
-    ("tuning:\n  sm80: {tile_n: 24}\n", 4, "tile_n 24 must be a multiple of 16"),
-    ("tuning:\n  sm80: {tile_m: 256, tile_n: 128}\n", 4, "would spill"),
+    # A value its family rejects on every arch it serves is refused at that family's line,
+    # even where another family could serve the arch instead.
+    ("tuning:\n  sm80: {tile_n: 24}\n", 5, "tuning.sm80: {tile_n: 24} cannot be used on any arch sm80 serves"),
+    ("tuning:\n  sm80: {tile_m: 256, tile_n: 128}\n", 5, "would spill"),
+    ("tuning:\n  sm80: {tile_n: 64}\n  sm90: {tile_n: 24}\n", 6, "tuning.sm90:"),
     ("tuning: 3\n", 4, "expected a mapping of family -> parameters"),
 ])
 def test_bad_tuning_is_refused_with_its_line(tuning, line, message):
