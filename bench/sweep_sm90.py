@@ -1,0 +1,140 @@
+"""Sweep sm90 tile configurations on the device: check each candidate once, time it, write JSON.
+
+    python bench/sweep_sm90.py --out DIR [--head-dims 64,128] [--masks none,causal]
+        [--seqlens 2048,8192] [--configs "128,128,2,1;128,176,2,1"] [--anchors fa4,sdpa_cudnn,fa_gen_sm80]
+
+A config is tile_m,tile_n,num_stages,pingpong[,l2_kv_mb[,persist_m_blocks]] (the sm90 family's
+`tuning` parameters; pingpong 1 = off, 2 = on); without
+--configs, each head dim's candidates below are swept (the table's default first). Every
+candidate is compiled in parallel first, checked against the float64 reference at one ragged
+GQA shape, then timed at the benchmark shapes (batch*seqlen = 16k tokens, heads*head_dim =
+2048), beside the anchors. Commit-worthy winners go in fa_gen/families/sm90.py's tile table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from implementations import IMPLEMENTATIONS, Case  # noqa: E402
+
+from fa_gen.check import Shape, check_kernel  # noqa: E402
+from fa_gen.families.sm90 import _DEFAULT_TILES, TileConfig, _tile_reasons  # noqa: E402
+from fa_gen.spec_load import load_spec  # noqa: E402
+from fa_gen.timing import attention_flops, make_input_sets, median_ms  # noqa: E402
+
+TOKENS = 16 * 1024
+HIDDEN = 2048
+# Candidates per head dim, beside the table's default: (tile_m, tile_n, num_stages, pingpong).
+CANDIDATES = {
+    64: [(128, 128, 2, 2), (192, 128, 3, 2), (192, 128, 2, 1), (192, 96, 2, 2)],
+    96: [(128, 128, 3, 2), (128, 128, 2, 1), (128, 160, 2, 2)],
+    128: [(128, 128, 2, 1), (128, 176, 2, 2), (128, 112, 2, 2), (128, 96, 3, 2)],
+    192: [(128, 112, 2, 2), (128, 96, 2, 1), (128, 128, 2, 1)],
+    256: [(128, 80, 2, 2), (128, 64, 2, 1), (128, 64, 2, 2)],
+}
+CHECK_SHAPE = Shape(2, 1000, 1037, 8, 2)
+
+
+PARAMS = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks")
+
+
+def make_spec(head_dim: int, mask: str, dtype: str, cfg: tuple[int, ...]):
+    tuning = dict(zip(PARAMS, cfg))
+    return load_spec({"name": f"sweep_{mask}_{dtype}_d{head_dim}_" + "_".join(map(str, cfg)),
+                      "dtype": dtype, "head_dim": head_dim, "mask": mask, "tuning": {"sm90": tuning}})
+
+
+def candidates(head_dim: int, configs: str | None, defaults_only: bool = False) -> list[tuple[int, ...]]:
+    if configs:
+        return [tuple(int(x) for x in c.split(",")) for c in configs.split(";")]
+    d = _DEFAULT_TILES[(head_dim, head_dim)]
+    default = (d.tile_m, d.tile_n, d.num_stages, d.pingpong)
+    if defaults_only:
+        return [default]
+    return [default] + [c for c in CANDIDATES.get(head_dim, []) if c != default]
+
+
+def usable(spec) -> bool:
+    return not _tile_reasons(TileConfig(**dict(spec.tuning_for("sm90"))), spec, "sm_90a")
+
+
+def time_kernel(fn, case: Case) -> float:
+    sets = make_input_sets(3, case.batch, case.seqlen, case.heads, case.heads, case.head_dim, case.head_dim,
+                           case.torch_dtype)
+    ms = median_ms(fn, sets, warmup=5, repeats=20)
+    flops = attention_flops(case.batch, case.heads, case.seqlen, case.seqlen, case.head_dim, case.head_dim,
+                            case.causal)
+    return flops / ms / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--masks", default="none,causal")
+    parser.add_argument("--seqlens", default="2048,8192")
+    parser.add_argument("--configs", default=None, help="tile_m,tile_n,num_stages,pingpong[,l2_kv_mb[,persist_m_blocks]];...")
+    parser.add_argument("--defaults-only", action="store_true", help="only the tile table's entries")
+    parser.add_argument("--anchors", default="", help="e.g. fa4,sdpa_cudnn,fa_gen_sm80")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+
+    from fa_gen.precompile import precompile
+    from fa_gen.runtime import build
+
+    head_dims = [int(d) for d in args.head_dims.split(",")]
+    masks = args.masks.split(",")
+    specs = [make_spec(d, m, args.dtype, c) for d in head_dims for m in masks for c in candidates(d, args.configs, args.defaults_only)]
+    specs = [s for s in specs if usable(s)]
+    start = time.perf_counter()
+    precompile([(s, "sm_90a") for s in specs], jobs=args.jobs, log=lambda *_: None)
+    print(f"compiled {len(specs)} candidates in {time.perf_counter() - start:.0f} s", flush=True)
+
+    rows = []
+    for spec in specs:
+        kernel = build(spec, "sm_90a", family="sm90")
+        check = check_kernel(kernel, CHECK_SHAPE, seed=1)
+        mask = spec.mask.value
+        row = {"config": spec.tuning_for("sm90"), "head_dim": spec.head_dim_qk, "mask": mask,
+               "check": str(check), "ok": check.ok, "tflops": {}}
+        for seqlen in map(int, args.seqlens.split(",")):
+            case = Case(args.dtype, spec.head_dim_qk, mask == "causal", seqlen, TOKENS // seqlen,
+                        HIDDEN // spec.head_dim_qk)
+            row["tflops"][seqlen] = round(time_kernel(lambda q, k, v: kernel.forward(q, k, v), case), 1)
+        rows.append(row)
+        config = ",".join(f"{k}={v}" for k, v in row["config"].items())
+        print(f"d{row['head_dim']:<3} {mask:7s} {config:70s} {'ok ' if check.ok else 'BAD'} "
+              + " ".join(f"{s}:{t}" for s, t in row["tflops"].items()), flush=True)
+
+    anchors = {}
+    for name in filter(None, args.anchors.split(",")):
+        for d in head_dims:
+            for mask in masks:
+                for seqlen in map(int, args.seqlens.split(",")):
+                    case = Case(args.dtype, d, mask == "causal", seqlen, TOKENS // seqlen, HIDDEN // d)
+                    try:
+                        tflops = round(time_kernel(IMPLEMENTATIONS[name](case), case), 1)
+                    except Exception as exc:  # an anchor that cannot run a cell is recorded, not fatal
+                        tflops = f"{type(exc).__name__}: {exc}"[:200]
+                    anchors.setdefault(name, {}).setdefault(f"d{d}_{mask}", {})[seqlen] = tflops
+        print(name, json.dumps(anchors[name]), flush=True)
+
+    out = Path(args.out) / "sweep_sm90.json"
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "dtype": args.dtype,
+                               "candidates": rows, "anchors": anchors}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

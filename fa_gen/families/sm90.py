@@ -1,0 +1,160 @@
+"""Hopper family (sm_90a): TMA loads, wgmma, warp specialization, a persistent tile scheduler.
+
+One producer warp streams Q, K and V through shared memory with TMA; two or three consumer
+warpgroups (64 query rows each) run the wgmma GEMMs and the softmax. Tile shapes and the
+pipeline depth come from the table below, overridable per spec with `tuning: {sm90: {...}}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from ..archs import arch_info
+from ..spec import DType, Spec
+from .base import Family
+
+HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
+
+# Query rows one consumer warpgroup owns (the M of one wgmma instruction).
+ROWS_PER_WARPGROUP = 64
+# Registers per thread after setmaxnreg, by consumer warpgroup count: (consumers, producer).
+# Each split fills the 64K-register file: 2 x 128 x 240 + 128 x 24 = 64512, 3 x 128 x 160 + 128 x 32 = 65536.
+REGISTER_SPLIT = {2: (240, 24), 3: (160, 32)}
+# Registers a consumer thread needs besides its S, P and O fragments (addresses, softmax state).
+_REGISTER_RESERVE = 32
+# Multiprocessors of the sm_90a parts (H100 SXM, H200): the persistent grid's size. A part with
+# fewer only runs the surplus CTAs in a second wave; correctness does not depend on it.
+NUM_SMS = 132
+# mbarriers and the 1024-byte alignment of the first buffer.
+_SMEM_OVERHEAD = 1024
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    tile_m: int       # query rows per CTA tile: 64 per consumer warpgroup
+    tile_n: int       # key rows per main-loop step
+    num_stages: int   # shared-memory stages of the K and V rings
+    # 2: consumer warpgroups take turns issuing their GEMMs (ping-pong, named barriers); 1: they
+    # issue freely. (Spec tuning values are positive integers, hence not 0/1.)
+    pingpong: int
+    # K/V megabytes the CTAs running at one time should share through L2 (50 MB on an H100 or
+    # H200): the scheduler groups as many heads as fit and walks their query tiles first.
+    l2_kv_mb: int = 32
+    # Causal-like masks: query tiles per head up to which the grid is persistent (static snake
+    # over one longest-first list); above it, one CTA per tile and the hardware balances.
+    persist_m_blocks: int = 64
+
+    @property
+    def pingpong_on(self) -> bool:
+        return self.pingpong == 2
+
+    @property
+    def num_consumer_warpgroups(self) -> int:
+        return self.tile_m // ROWS_PER_WARPGROUP
+
+    def o_shares_q(self, head_dim_qk: int, head_dim_v: int, smem_limit: int) -> bool:
+        """O is staged through Q's buffer when a buffer of its own does not fit."""
+        return self._smem_bytes(head_dim_qk, head_dim_v, separate_o=True) > smem_limit
+
+    def smem_bytes(self, head_dim_qk: int, head_dim_v: int, smem_limit: int) -> int:
+        return self._smem_bytes(head_dim_qk, head_dim_v,
+                                separate_o=not self.o_shares_q(head_dim_qk, head_dim_v, smem_limit))
+
+    def _smem_bytes(self, head_dim_qk: int, head_dim_v: int, separate_o: bool, elem_bytes: int = 2) -> int:
+        q = self.tile_m * head_dim_qk
+        kv = self.num_stages * self.tile_n * (head_dim_qk + head_dim_v)
+        o = self.tile_m * head_dim_v if separate_o else 0
+        return (q + kv + o) * elem_bytes + _SMEM_OVERHEAD
+
+
+# Per (head_dim_qk, head_dim_v): 128 query rows (two consumer warpgroups) except at head dim 64,
+# where three warpgroups (192 rows) amortise the K/V tile over more rows; key tiles shrink as the
+# head dim grows so that S + O fit the registers and two K/V stages fit shared memory.
+# Chosen with bench/sweep_sm90.py on an H200 (bf16, batch*seqlen = 16k, heads*hdim = 2048,
+# TFLOP/s at seqlen 512 / 2k / 8k / 16k, 2026-11-21):
+#   d64  192x128 2st pp: 310/468/546/505  beats 128x128 (289/383/412/424), 3 or 4 stages (312/464/508/506,
+#        282/-/-/509), no ping-pong (301/445/495/500), 192x96 (269/434/440/483).
+#   d128 128x128 2st pp: 429/606/679/608; causal 257/452/629/519 (persistent), 253/449/622/621 (one CTA
+#        per tile above 64 query tiles); 128x176, 128x112, 128x96 3st and no ping-pong all lose at <= 8k.
+#   d256 128x80 2st, no pp: 412/659/715/687 beats ping-pong (361/564/681/707) and 128x64 (379/618/688/688).
+#   d96 and d192 follow d128 and d256 (not swept).
+_DEFAULT_TILES = {
+    (64, 64): TileConfig(192, 128, 2, 2),
+    (96, 96): TileConfig(128, 128, 2, 2),
+    (128, 128): TileConfig(128, 128, 2, 2),
+    (192, 128): TileConfig(128, 128, 2, 1),
+    (192, 192): TileConfig(128, 112, 2, 1),
+    (256, 256): TileConfig(128, 80, 2, 1),
+}
+
+
+def tile_config(spec: Spec) -> TileConfig:
+    default = _DEFAULT_TILES[(spec.head_dim_qk, spec.head_dim_v)]
+    return replace(default, **spec.tuning_for(Sm90Family.name))
+
+
+class Sm90Family(Family):
+    name = "sm90"
+    archs = ("sm_90a",)
+    backend = "cute_dsl"
+    tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks")
+
+    def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
+        reasons = []
+        if spec.dtype not in (DType.FP16, DType.BF16):
+            reasons.append(f"dtype {spec.dtype.value} is not supported (fp16, bf16)")
+        if (spec.head_dim_qk, spec.head_dim_v) not in HEAD_DIMS:
+            allowed = ", ".join(f"{q}" if q == v else f"(qk {q}, v {v})" for q, v in HEAD_DIMS)
+            reasons.append(f"head_dim (qk {spec.head_dim_qk}, v {spec.head_dim_v}) is not supported ({allowed})")
+        else:
+            reasons.extend(_tile_reasons(tile_config(spec), spec, arch))
+        return reasons
+
+    def render_context(self, spec: Spec, arch: str) -> dict:
+        cfg = tile_config(spec)
+        problems = _tile_reasons(cfg, spec, arch)
+        assert not problems, problems  # can_implement refuses these first
+        smem = arch_info(arch).max_smem_per_block
+        consumer_regs, producer_regs = REGISTER_SPLIT[cfg.num_consumer_warpgroups]
+        return {
+            "tile": asdict(cfg),
+            "pingpong": cfg.pingpong_on,
+            "num_consumer_warpgroups": cfg.num_consumer_warpgroups,
+            "consumer_registers": consumer_regs,
+            "producer_registers": producer_regs,
+            "o_shares_q": cfg.o_shares_q(spec.head_dim_qk, spec.head_dim_v, smem),
+            "smem_bytes": cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v, smem),
+            "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
+            "softmax_scale_log2": spec.softmax_scale_log2,
+            "num_sms": NUM_SMS,
+            "l2_kv_bytes": cfg.l2_kv_mb * 1024 * 1024,
+            # Causal-like masks: later query tiles see more keys, so the scheduler hands them out first.
+            "longest_first": spec.window_left is None and spec.window_right is not None,
+        }
+
+
+def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
+    """What the template relies on: whole wgmma tiles, TMA boxes of at most 256 rows, the
+    fragments fitting the registers setmaxnreg grants, and the buffers fitting shared memory."""
+    reasons = []
+    if cfg.tile_m % ROWS_PER_WARPGROUP or cfg.num_consumer_warpgroups not in REGISTER_SPLIT:
+        reasons.append(f"tuning: tile_m {cfg.tile_m} must be 128 or 192 (64 rows per consumer warpgroup, 2 or 3 of them)")
+        return reasons
+    if cfg.tile_n % 16 or not 16 <= cfg.tile_n <= 256:
+        reasons.append(f"tuning: tile_n {cfg.tile_n} must be a multiple of 16 in [16, 256]")
+    if cfg.num_stages < 2:
+        reasons.append(f"tuning: num_stages {cfg.num_stages} must be at least 2")
+    if cfg.pingpong not in (1, 2):
+        reasons.append(f"tuning: pingpong {cfg.pingpong} must be 1 (off) or 2 (on)")
+    # Per consumer thread: S (fp32), P (16-bit, two per register) and O (fp32) of 64 rows / 128 threads.
+    fragments = cfg.tile_n // 2 + cfg.tile_n // 4 + spec.head_dim_v // 2
+    budget = REGISTER_SPLIT[cfg.num_consumer_warpgroups][0] - _REGISTER_RESERVE
+    if fragments > budget:
+        reasons.append(f"tuning: S, P and O take {fragments} registers per thread; at most {budget} "
+                       f"with {cfg.num_consumer_warpgroups} consumer warpgroups (smaller tile_n)")
+    smem = arch_info(arch).max_smem_per_block
+    need = cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v, smem)
+    if need > smem:
+        reasons.append(f"tuning: tiles need {need} bytes of shared memory; {arch} has {smem} "
+                       "(fewer stages or a smaller tile_n)")
+    return reasons
