@@ -26,7 +26,10 @@ from .version import __version__
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _CUTLASS_DSL_PREFIX = "nvidia-cutlass-dsl"
-_OTHER_DISTRIBUTIONS = ("apache-tvm-ffi", "cuda-python", "cuda-bindings")
+# The NVRTC family's compiler and headers; NVRTC's own version and those of the headers it
+# finds (which may come from a CUDA toolkit instead) are in its compile options as well.
+_OTHER_DISTRIBUTIONS = ("apache-tvm-ffi", "cuda-python", "cuda-bindings", "nvidia-cutlass", "nvidia-cuda-nvrtc",
+                        "nvidia-cuda-cccl", "nvidia-cuda-runtime")
 _LOADED_CUTLASS_IR = "cutlass._mlir._mlir_libs._cutlass_ir"
 _FLAVOR_SO = re.compile(r"^_cutlass_ir\.cu(\d+)\.")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-_BACKENDS = {"cute_dsl": ".cute_dsl"}
+_BACKENDS = {"cute_dsl": ".cute_dsl", "nvrtc": ".nvrtc"}
 
 
 def register(name: str, module: str) -> None:
