@@ -3,6 +3,8 @@
 q, k, v arrive as (batch, seqlen, heads, dim), the layout of flash_attn_func and fa_gen.
 Anchors that want (batch, heads, seqlen, dim) get transposed views of the same memory.
 An implementation that cannot run a case raises; the benchmark records the error.
+With `case.backward`, fn must be differentiable (its first output carries the graph):
+the benchmark times autograd's backward through it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Case:
     seqlen: int
     batch: int
     heads: int
+    backward: bool = False
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -34,6 +37,12 @@ def _fa_gen(family: str | None):
         spec = load_spec({"name": f"bench_{'causal' if case.causal else 'full'}_{case.dtype}_d{case.head_dim}",
                           "dtype": case.dtype, "head_dim": case.head_dim,
                           "mask": "causal" if case.causal else "none"})
+        if case.backward:
+            # The differentiable path: custom op forward, then the backward kernel of the
+            # family that renders one (`family` picks forward kernels only).
+            from fa_gen.autograd import attention
+
+            return lambda q, k, v: attention(q, k, v, spec)
         kernel = build(spec, family=family)
         return lambda q, k, v: kernel.forward(q, k, v)
     return make
@@ -90,3 +99,5 @@ IMPLEMENTATIONS = {
     "fa4": _fa4,
 }
 ANCHORS = ("sdpa_flash", "sdpa_cudnn", "flex", "fa4")
+# What --backward times by default (fa_gen_sm80 would time the same backward kernel as fa_gen).
+BACKWARD_IMPLEMENTATIONS = ("fa_gen", "sdpa_flash", "sdpa_cudnn", "fa4")

@@ -1,10 +1,13 @@
-"""L0: every shipped spec compiles to an object (embedded cubin) for every arch it names.
+"""L0: every shipped spec compiles to an object (embedded cubin) for every arch it names,
+its forward kernel and its backward kernel (rendered by the family `build_backward` picks).
 
 Compiling needs no GPU. The kernels are built in parallel into a cache shared
 by this test session, and a second process then loads one without recompiling.
 """
 
+import concurrent.futures as futures
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -38,18 +41,61 @@ def compiled(cache_dir):
     return cache_dir
 
 
-def _object_for(cache_dir, spec, arch):
+def _has_backward(spec, arch):
+    from fa_gen.backward import backward_family
+    from fa_gen.errors import UnsupportedError
+
+    try:
+        backward_family(spec, arch)
+        return True
+    except UnsupportedError:
+        return False
+
+
+# Every (spec, arch) whose serving families include one that renders a backward kernel.
+BACKWARD_PAIRS = [(spec, arch) for spec, arch in PAIRS if _has_backward(spec, arch)]
+
+
+def _build_backward(spec, arch):
+    from fa_gen.backward import build_backward
+
+    return build_backward(spec, arch).info.seconds
+
+
+@pytest.fixture(scope="module")
+def compiled_backward(cache_dir):
+    jobs = int(os.environ.get("FA_GEN_JOBS", os.cpu_count() or 1))
+    context = multiprocessing.get_context("spawn")  # no inherited CUDA or DSL state
+    with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        seconds = list(pool.map(_build_backward, *zip(*BACKWARD_PAIRS)))
+    print(f"\ncompiled {len(BACKWARD_PAIRS)} backward kernels, {sum(seconds):.0f} s of compile time")
+    return cache_dir
+
+
+def _object_for(cache_dir, spec, arch, kind="forward"):
     matches = [p for p in cache_dir.rglob("meta.json")
-               if p.parent.parent.name == arch and p.parent.name.startswith(f"{spec.name}_forward_")]
+               if p.parent.parent.name == arch and p.parent.name.startswith(f"{spec.name}_{kind}_")]
     assert len(matches) == 1, f"expected one cache entry for {spec.name} {arch}, found {matches}"
     return next(p for p in matches[0].parent.iterdir() if p.suffix == ".o")
 
 
 @pytest.mark.parametrize("spec,arch", PAIRS, ids=[f"{s.name}-{a}" for s, a in PAIRS])
 def test_compiles_to_cubin(compiled, spec, arch):
-    data = _object_for(compiled, spec, arch).read_bytes()
+    from fa_gen.backends import nvrtc
+
+    path = _object_for(compiled, spec, arch)
+    data = path.read_bytes()
+    if data.startswith(nvrtc.MAGIC):  # NVRTC (sm75): a launch-configuration line, then a bare cubin
+        data = nvrtc.read_object(path)[1]
+        assert data.startswith(b"\x7fELF"), "the NVRTC object holds no cubin"
     # The object embeds the cubin; ptxas records the target it assembled for.
     assert f"-arch {arch}".encode() in data, f"no {arch} cubin in the object"
+
+
+@pytest.mark.parametrize("spec,arch", BACKWARD_PAIRS, ids=[f"{s.name}-{a}" for s, a in BACKWARD_PAIRS])
+def test_backward_compiles_to_cubin(compiled_backward, spec, arch):
+    data = _object_for(compiled_backward, spec, arch, "backward").read_bytes()
+    assert f"-arch {arch}".encode() in data, f"no {arch} cubin in the backward object"
 
 
 def test_second_process_loads_without_recompiling(compiled):

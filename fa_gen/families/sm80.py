@@ -91,6 +91,13 @@ class Sm80Family(Family):
     name = "sm80"
     archs = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120a")
     tuning_params = ("tile_m", "tile_n", "num_warps")
+    extra_kernels = {"backward": ("backward.py.j2", "backward.py")}
+
+    def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
+        if kind != "backward":
+            return {}
+        cfg = backward_tile_config(spec, arch)
+        return {"bwd": asdict(cfg), "smem_atom_cols_pds": _smem_atom_cols(cfg.tile_n)}
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
         reasons = []
@@ -152,3 +159,93 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
 
 def _smem_atom_cols(head_dim: int) -> int:
     return 64 if head_dim % 64 == 0 else 32
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward pass: one CTA per key tile walks the query tiles (see templates/sm80/backward.py.j2).
+
+# The runtime pads dQ's fp32 accumulator and the per-row LSE / D buffers to whole multiples
+# of this many query rows, so every backward tile_m must divide it.
+BACKWARD_ROW_ALIGN = 128
+
+
+@dataclass(frozen=True)
+class BackwardTileConfig:
+    tile_m: int        # query rows per step of the inner loop
+    tile_n: int        # key rows per CTA (its dK and dV stay in registers)
+    num_warps: int
+    num_stages: int    # shared-memory stages of Q and dO (2: the next tile loads during this one)
+    sdp_warps_m: int   # warps along the query rows of S = Q K^T and dP = dO V^T (rest: keys)
+    dkv_warps_n: int   # warps along the key rows of dK and dV (rest: head dim)
+    dq_warps_m: int    # warps along the query rows of dQ (rest: head dim)
+
+    def smem_bytes(self, head_dim_qk: int, head_dim_v: int, elem_bytes: int = 2) -> int:
+        q_do = self.num_stages * self.tile_m * (head_dim_qk + head_dim_v)
+        k_v = self.tile_n * (head_dim_qk + head_dim_v)
+        p_ds = 2 * self.tile_m * self.tile_n
+        return (q_do + k_v + p_ds) * elem_bytes
+
+    def accumulators(self, head_dim_qk: int, head_dim_v: int) -> int:
+        """fp32 accumulators one thread holds at the peak (dK, dV, S and dP)."""
+        threads = self.num_warps * 32
+        return (self.tile_n * (head_dim_qk + head_dim_v) + 2 * self.tile_m * self.tile_n) // threads
+
+
+def _bwd(tile_m, tile_n, num_warps, num_stages, sdp_m, dkv_n, dq_m) -> BackwardTileConfig:
+    return BackwardTileConfig(tile_m, tile_n, num_warps, num_stages, sdp_m, dkv_n, dq_m)
+
+
+def _backward_candidates(head_dim: int) -> list[BackwardTileConfig]:
+    """Preference-ordered backward tiles per head dim; the first that fits the arch wins.
+
+    The first of each list is FlashAttention-2's sm80 shape for that head dim (8 warps, Q and
+    dO double-buffered), sized for 163-227 KB of shared memory; the later ones fit the 99 KB
+    of sm86/89/120 (fewer stages, then narrower tiles). dK + dV accumulators stay at or under
+    128 fp32 per thread so that S, dP and the dQ tile fit beside them under 255 registers.
+    """
+    if head_dim <= 64:
+        return [_bwd(128, 128, 8, 2, 2, 4, 4), _bwd(64, 128, 8, 2, 2, 4, 4)]
+    if head_dim <= 96:
+        return [_bwd(64, 128, 8, 2, 2, 4, 4), _bwd(64, 64, 8, 2, 2, 4, 4)]
+    if head_dim <= 128:
+        return [_bwd(64, 128, 8, 2, 2, 4, 2), _bwd(64, 64, 8, 1, 2, 4, 2)]
+    if head_dim <= 192:
+        return [_bwd(64, 64, 8, 2, 2, 4, 2), _bwd(64, 64, 8, 1, 2, 4, 2), _bwd(32, 64, 8, 1, 2, 4, 2)]
+    return [_bwd(64, 64, 8, 1, 2, 4, 2), _bwd(32, 32, 4, 1, 2, 2, 2)]
+
+
+def backward_tile_config(spec: Spec, arch: str) -> BackwardTileConfig:
+    """The first backward candidate that the template can use on `arch`."""
+    dqk, dv = spec.head_dim_qk, spec.head_dim_v
+    for cfg in _backward_candidates(max(dqk, dv)):
+        if not _backward_tile_reasons(cfg, spec, arch):
+            return cfg
+    smem = arch_info(arch).max_smem_per_block
+    raise ValueError(f"no sm80 backward tile fits {smem} bytes of shared memory for head dims ({dqk}, {dv})")
+
+
+def _backward_tile_reasons(cfg: BackwardTileConfig, spec: Spec, arch: str) -> list[str]:
+    """What the backward template relies on: every MMA tiling whole, whole copy passes, and
+    the tiles fitting shared memory. Empty when `cfg` is usable."""
+    dqk, dv = spec.head_dim_qk, spec.head_dim_v
+    reasons = []
+    # (what, rows, cols, warps along rows): each tiled MMA covers 16 rows and 16 columns per warp.
+    mmas = [("S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m), ("dK", cfg.tile_n, dqk, cfg.dkv_warps_n),
+            ("dV", cfg.tile_n, dv, cfg.dkv_warps_n), ("dQ", cfg.tile_m, dqk, cfg.dq_warps_m)]
+    for what, rows, cols, warps_rows in mmas:
+        warps_cols = cfg.num_warps // warps_rows
+        if cfg.num_warps % warps_rows or rows % (16 * warps_rows) or cols % (16 * warps_cols):
+            reasons.append(f"{what}: {rows}x{cols} does not tile over {warps_rows}x{warps_cols} warps of 16x16")
+    threads = cfg.num_warps * 32
+    for cols in {dqk, dv, cfg.tile_n}:
+        copy_rows = threads // (_smem_atom_cols(cols) // 8)
+        if cfg.tile_m % copy_rows or cfg.tile_n % copy_rows:
+            reasons.append(f"tile rows must be multiples of {copy_rows} for {cols}-column copies")
+    if BACKWARD_ROW_ALIGN % cfg.tile_m:
+        reasons.append(f"tile_m {cfg.tile_m} must divide {BACKWARD_ROW_ALIGN}")
+    if cfg.num_stages not in (1, 2):
+        reasons.append(f"num_stages {cfg.num_stages} must be 1 or 2")
+    smem = arch_info(arch).max_smem_per_block
+    if cfg.smem_bytes(dqk, dv) > smem:
+        reasons.append(f"backward tiles need {cfg.smem_bytes(dqk, dv)} bytes of shared memory; {arch} has {smem}")
+    return reasons

@@ -1,0 +1,133 @@
+"""fa_gen attention as a differentiable PyTorch op that torch.compile traces without graph breaks.
+
+Two custom ops wrap the compiled kernels, and `register_autograd` joins them:
+
+    fa_gen::attention_forward(q, k, v, spec_key, deterministic) -> (out, lse)
+    fa_gen::attention_backward(dout, q, k, v, out, lse, spec_key, deterministic) -> (dq, dk, dv)
+
+A custom op's schema holds tensors and plain values, never a Python object, so the spec travels
+as `spec_key`, its canonical JSON; a process-wide registry maps the key back to the Spec.
+`spec_key()` fills the registry; a graph traced in this process can call the ops at once, and
+a key the registry lacks (a graph reused in a fresh process, say) is an error that says how to
+register it. Both ops have fake implementations (shapes only) for FakeTensor and meta tensors.
+`lse` is an output, not a differentiable one: gradients flow through `out` only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .errors import InputError
+from .spec import Spec
+
+_SPECS: dict[str, Spec] = {}
+# What callers passed (Spec, name, path) -> key: attention() costs a dict lookup, not a YAML parse.
+_KEYS: dict[object, str] = {}
+
+
+def register_spec(spec: Spec) -> str:
+    """Make `spec` reachable by the custom ops; returns its key (canonical JSON)."""
+    key = spec.canonical_json()
+    _SPECS.setdefault(key, spec)
+    return key
+
+
+def spec_from_key(key: str) -> Spec:
+    try:
+        return _SPECS[key]
+    except KeyError:
+        raise InputError(f"fa_gen custom op: no spec registered under key {key[:120]!r}; call "
+                         "fa_gen.autograd.register_spec(spec) in this process first "
+                         "(fa_gen.attention does it for you)") from None
+
+
+@torch.compiler.assume_constant_result
+def spec_key(spec: Spec | str | os.PathLike) -> str:
+    """The registry key of `spec` (a Spec, a YAML path or a shipped spec's name), registering it.
+    torch.compile evaluates this once while tracing and keeps the string as a constant."""
+    memo = spec if isinstance(spec, Spec) else os.fspath(spec)
+    key = _KEYS.get(memo)
+    if key is None:
+        from .runtime import resolve_spec
+
+        key = _KEYS[memo] = register_spec(resolve_spec(spec))
+    return key
+
+
+@torch.compiler.assume_constant_result
+def returns_lse(key: str) -> bool:
+    return spec_from_key(key).return_lse
+
+
+@torch.library.custom_op("fa_gen::attention_forward", mutates_args=(), device_types="cuda")
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec_key: str,
+                      deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse); `deterministic` is only carried to the backward."""
+    from .runtime import build
+
+    return build(spec_from_key(spec_key)).forward(q, k, v)
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q, k, v, spec_key, deterministic):
+    spec = spec_from_key(spec_key)
+    batch, seqlen_q, heads_q, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, heads_q, spec.head_dim_v))
+    lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("fa_gen::attention_backward", mutates_args=(), device_types="cuda")
+def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, spec_key: str,
+                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) for the upstream gradient `dout` of `out`."""
+    from .backward import build_backward
+
+    # Autograd may hand over a gradient in any layout; the kernel wants aligned rows.
+    return build_backward(spec_from_key(spec_key))(dout.contiguous(), q, k, v, out, lse, deterministic)
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(dout, q, k, v, out, lse, spec_key, deterministic):
+    spec_from_key(spec_key)  # a missing spec fails while tracing, not at run time
+    # Contiguous, as the kernel's outputs are.
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, key, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.spec_key = key
+    ctx.deterministic = deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:  # only lse was used, which carries no gradient
+        dout = torch.zeros_like(out)
+    # The OpOverload itself: a little less Python per call than the CustomOpDef wrapper.
+    dq, dk, dv = torch.ops.fa_gen.attention_backward.default(dout, q, k, v, out, lse, ctx.spec_key,
+                                                             ctx.deterministic)
+    return dq, dk, dv, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike,
+              deterministic: bool | None = None):
+    """Differentiable attention: `out, lse` (or `out` when the spec has return_lse false).
+
+    deterministic: a backward with no order-dependent atomics (bitwise reproducible);
+    None follows `torch.are_deterministic_algorithms_enabled()`.
+    """
+    key = spec_key(spec)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    out, lse = attention_forward(q, k, v, key, bool(deterministic))
+    return (out, lse) if returns_lse(key) else out

@@ -1,0 +1,131 @@
+"""The backward pass on torch tensors: a compiled backward kernel behind input checks.
+
+`build_backward(spec)` renders and compiles (or loads from the cache) the `backward` kernel of
+the family serving (spec, arch). The returned `Backward` validates its inputs as `Kernel` does,
+allocates the fp32 workspaces and calls the compiled host function once; that function
+launches the pre-pass, the main kernel and the dQ post-pass on PyTorch's current stream.
+
+    bwd = fa_gen.backward.build_backward("causal_bf16_d128")
+    dq, dk, dv = bwd(dout, q, k, v, out, lse)
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .errors import InputError, UnsupportedError
+from .runtime import _TORCH_DTYPES, BuildInfo, _check_shapes, _check_strides, current_arch, load_kernel_function
+from .runtime import resolve_spec
+from .spec import Spec
+
+# Workspace rows are padded to a multiple of this (every backward tile_m divides it), and the
+# per-query-tile semaphores are sized for the smallest tile_m any family uses.
+ROW_ALIGN = 128
+MIN_TILE_M = 32
+KIND = "backward"
+
+
+class Backward:
+    """A compiled backward kernel for one spec on one arch: `dq, dk, dv = bwd(dout, q, k, v, out, lse)`."""
+
+    def __init__(self, spec: Spec, arch: str, function, info: BuildInfo):
+        self.spec = spec
+        self.arch = arch
+        self.info = info
+        self._function = function
+        self._dtype = _TORCH_DTYPES[spec.dtype]
+
+    def __repr__(self) -> str:
+        return f"Backward({self.spec.name!r}, arch={self.arch!r}, family={self.info.family!r})"
+
+    def __call__(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, deterministic: bool = False):
+        """Gradients of the attention output `out` (with its `lse`, both from the forward) for
+        the upstream gradient `dout`. With `deterministic`, results are bitwise reproducible."""
+        self._check(dout, q, k, v, out, lse)
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        if q.numel() == 0 or k.numel() == 0:
+            return dq.zero_(), dk.zero_(), dv.zero_()
+        workspace = _workspace(q, self.spec.head_dim_qk)
+        self._function(q, k, v, out, dout, lse, dq, dk, dv, *workspace, int(bool(deterministic)))
+        return dq, dk, dv
+
+    def _check(self, dout, q, k, v, out, lse) -> None:
+        spec = self.spec
+        for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != self._dtype:
+                raise InputError(f"{name} has dtype {t.dtype}; spec {spec.name!r} was built for {self._dtype}")
+            if t.dim() != 4:
+                raise InputError(f"{name} must be 4-D (batch, seqlen, heads, head_dim); got shape {tuple(t.shape)}")
+            _check_strides(name, t)
+        _check_shapes(spec, q, k, v)
+        expected_out = (*q.shape[:3], spec.head_dim_v)
+        for name, t in (("out", out), ("dout", dout)):
+            if tuple(t.shape) != expected_out:
+                raise InputError(f"{name} must have shape {expected_out} (q's with v's head_dim); got {tuple(t.shape)}")
+        expected_lse = (q.shape[0], q.shape[2], q.shape[1])
+        if not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32 or tuple(lse.shape) != expected_lse:
+            got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
+            raise InputError(f"lse must be float32 of shape {expected_lse} (batch, heads_q, seqlen_q); got {got}")
+        if not lse.is_contiguous():
+            raise InputError("lse must be contiguous (as the forward returns it)")
+        # Device last: every other check above can then be tested without a GPU.
+        tensors = (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse))
+        for name, t in tensors:
+            if not t.is_cuda:
+                raise InputError(f"{name} is on {t.device}; fa_gen kernels need CUDA tensors")
+        if len({t.device for _, t in tensors}) > 1:
+            raise InputError("q, k, v, out, dout, lse must be on one device; got "
+                             + ", ".join(f"{n} {t.device}" for n, t in tensors))
+
+
+def _workspace(q: torch.Tensor, head_dim_qk: int):
+    """(dq_accum, lse_log2, dpsum, semaphore): fp32 dQ accumulator (b, heads_q, rows * head_dim_qk),
+    per-row LSE * log2(e) and D (b, heads_q, rows), int32 per-query-tile counters. One fp32
+    allocation serves the first three; the pre-pass initialises all of them."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    rows = -(-seqlen_q // ROW_ALIGN) * ROW_ALIGN
+    sizes = (rows * head_dim_qk, rows, rows)
+    buffer = torch.empty(batch * heads_q * sum(sizes), dtype=torch.float32, device=q.device)
+    parts, offset = [], 0
+    for size in sizes:
+        count = batch * heads_q * size
+        parts.append(buffer[offset:offset + count].view(batch, heads_q, size))
+        offset += count
+    semaphore = torch.empty((batch, heads_q, -(-seqlen_q // MIN_TILE_M)), dtype=torch.int32, device=q.device)
+    return (*parts, semaphore)
+
+
+def backward_family(spec: Spec, arch: str) -> str:
+    """The first family, in the registry's preference order, that serves (spec, arch) and renders
+    a backward kernel: a family without one (Hopper's, for now) leaves the backward to the next."""
+    from .families import REGISTRY
+
+    reasons = []
+    for family in REGISTRY:
+        problems = family.can_implement(spec, arch)
+        if not problems and KIND in family.kernel_files():
+            return family.name
+        reasons.extend(f"{family.name}: {p}" for p in problems or ["renders no backward kernel"])
+    raise UnsupportedError(f"backward of spec {spec.name!r} on {arch}", reasons)
+
+
+_BACKWARDS: dict[tuple[object, str, str | None], Backward] = {}
+
+
+def build_backward(spec: Spec | str | os.PathLike, arch: str | None = None, family: str | None = None) -> Backward:
+    """Load `spec` (a Spec, a YAML path, or a shipped spec's name), then compile or load its
+    backward kernel, rendered by `family` or else by `backward_family(spec, arch)`."""
+    arch = arch or current_arch()
+    memo_key = (spec if isinstance(spec, Spec) else os.fspath(spec), arch, family)
+    backward = _BACKWARDS.get(memo_key)
+    if backward is None:
+        resolved = resolve_spec(spec)
+        family_name = family or backward_family(resolved, arch)
+        function, info = load_kernel_function(resolved, arch, family_name, kind=KIND)
+        backward = _BACKWARDS[memo_key] = Backward(resolved, arch, function, info)
+    return backward

@@ -1,0 +1,104 @@
+"""L0: the autograd custom ops without a GPU: registration, fake shapes, the spec registry,
+tracing by torch.compile(fullgraph=True) on meta tensors, and the backward's input checks."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import fa_gen
+from fa_gen import autograd
+from fa_gen.backward import ROW_ALIGN, Backward, _workspace
+from fa_gen.errors import InputError
+from fa_gen.runtime import resolve_spec
+
+
+def _meta(*shape, dtype=torch.float16):
+    return torch.randn(*shape, dtype=dtype, device="meta", requires_grad=True)
+
+
+def test_ops_are_registered_with_autograd():
+    forward = torch.ops.fa_gen.attention_forward.default
+    backward = torch.ops.fa_gen.attention_backward.default
+    assert [a.name for a in forward._schema.arguments] == ["q", "k", "v", "spec_key", "deterministic"]
+    assert len(forward._schema.returns) == 2 and len(backward._schema.returns) == 3
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(forward.name(), "Autograd")
+
+
+def test_fake_shapes_follow_the_spec():
+    key = autograd.spec_key("causal_bf16_qk192_v128")  # head_dim_v differs from head_dim_qk
+    with FakeTensorMode():
+        q = torch.empty(2, 37, 8, 192, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 50, 2, 192, dtype=torch.bfloat16, device="cuda")
+        v = torch.empty(2, 50, 2, 128, dtype=torch.bfloat16, device="cuda")
+        out, lse = torch.ops.fa_gen.attention_forward(q, k, v, key, False)
+        assert out.shape == (2, 37, 8, 128) and out.dtype == torch.bfloat16
+        assert lse.shape == (2, 8, 37) and lse.dtype == torch.float32
+        dq, dk, dv = torch.ops.fa_gen.attention_backward(out, q, k, v, out, lse, key, True)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+        assert dq.is_contiguous() and dk.is_contiguous() and dv.is_contiguous()
+
+
+def test_unregistered_spec_key_is_an_error():
+    bogus = resolve_spec("full_fp16_d64").canonical_json().replace("full_fp16_d64", "never_registered")
+    with pytest.raises(InputError, match="register_spec"):
+        autograd.spec_from_key(bogus)
+    with FakeTensorMode():
+        q = torch.empty(1, 4, 1, 64, dtype=torch.float16, device="cuda")
+        with pytest.raises(InputError, match="no spec registered"):
+            torch.ops.fa_gen.attention_forward(q, q, q, bogus, False)
+
+
+def test_spec_key_is_the_same_for_a_name_and_its_spec():
+    spec = resolve_spec("causal_fp16_d64")
+    assert autograd.spec_key("causal_fp16_d64") == autograd.spec_key(spec) == spec.canonical_json()
+    assert autograd.spec_from_key(spec.canonical_json()) == spec
+
+
+def test_meta_autograd_gives_gradients_of_input_shapes():
+    q, k, v = _meta(2, 33, 4, 64), _meta(2, 40, 2, 64), _meta(2, 40, 2, 64)
+    out, lse = fa_gen.attention(q, k, v, spec="causal_fp16_d64")
+    assert out.requires_grad and not lse.requires_grad  # lse carries no gradient
+    out.sum().backward()
+    assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
+
+
+@pytest.mark.parametrize("by_name", [True, False], ids=["spec_name", "spec_object"])
+def test_torch_compile_fullgraph_traces_forward_and_backward(by_name):
+    spec = "causal_fp16_d64" if by_name else resolve_spec("causal_fp16_d64")
+
+    class Tiny(torch.nn.Module):
+        def forward(self, q, k, v):
+            out, _ = fa_gen.attention(q, k, v, spec=spec)
+            return (out.float() * 2).sum()
+
+    torch._dynamo.reset()
+    q, k, v = _meta(2, 33, 4, 64), _meta(2, 40, 2, 64), _meta(2, 40, 2, 64)
+    # fullgraph=True: any graph break is an error. aot_eager also traces the backward graph.
+    loss = torch.compile(Tiny(), fullgraph=True, backend="aot_eager")(q, k, v)
+    loss.backward()
+    assert q.grad.shape == q.shape and v.grad.shape == v.shape
+
+
+def test_backward_checks_inputs_before_the_device():
+    spec = resolve_spec("full_fp16_d64")
+    bwd = Backward(spec, "sm_80", function=None, info=None)
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 8)
+    with pytest.raises(InputError, match="dtype"):
+        bwd(q, q.float(), q, q, q, lse)
+    with pytest.raises(InputError, match="dout must have shape"):
+        bwd(q[:, :4], q, q, q, q, lse)
+    with pytest.raises(InputError, match="lse must be float32"):
+        bwd(q, q, q, q, q, lse.half())
+    with pytest.raises(InputError, match="need CUDA tensors"):
+        bwd(q, q, q, q, q, lse)
+
+
+def test_workspace_is_padded_and_compact():
+    q = torch.zeros(2, 130, 3, 64, dtype=torch.float16)
+    dq_accum, lse_log2, dpsum, semaphore = _workspace(q, 64)
+    rows = 2 * ROW_ALIGN
+    assert dq_accum.shape == (2, 3, rows * 64) and lse_log2.shape == dpsum.shape == (2, 3, rows)
+    assert semaphore.dtype == torch.int32 and semaphore.shape[2] * 32 >= 130
+    assert all(t.is_contiguous() for t in (dq_accum, lse_log2, dpsum, semaphore))
+    assert dq_accum.data_ptr() % 16 == 0
