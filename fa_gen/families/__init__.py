@@ -1,7 +1,10 @@
 """Template families in preference order: the first that can implement a (spec, arch) serves it."""
 
 from .sm80 import Sm80Family
+from .sm90 import Sm90Family
+from .sm75 import Sm75Family
 
-REGISTRY = (Sm80Family(),)
+# Hopper first: sm90 serves sm_90a by preference; sm80 stays reachable with build(..., family="sm80").
+REGISTRY = (Sm90Family(), Sm80Family(), Sm75Family())
 
-__all__ = ["REGISTRY", "Sm80Family"]
+__all__ = ["REGISTRY", "Sm75Family", "Sm80Family", "Sm90Family"]
