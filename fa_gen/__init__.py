@@ -18,11 +18,11 @@ def build(spec, arch=None, family=None):
     return _build(spec, arch, family)
 
 
-def attention(q, k, v, spec):
-    """`out, lse = attention(q, k, v, spec)`; see `fa_gen.runtime.attention`."""
+def attention(q, k, v, spec, deterministic=None):
+    """`out, lse = attention(q, k, v, spec)`, differentiable; see `fa_gen.runtime.attention`."""
     from .runtime import attention as _attention
 
-    return _attention(q, k, v, spec)
+    return _attention(q, k, v, spec, deterministic)
 
 
 def __getattr__(name):
