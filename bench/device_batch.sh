@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Everything one device call should do, in order: build + check one spec, the L1 suite
-# (kernels precompiled in parallel first), host overhead, the forward benchmark.
-#   usage (on the device machine): bash bench/device_batch.sh COMMIT [pytest args...]
+# What the device calls run, in two parts that each fit one call (10 minutes):
+#   bash bench/device_batch.sh COMMIT l1     build + check one spec, the whole L1 suite
+#                                             (kernels precompiled in parallel), load time, overhead
+#   bash bench/device_batch.sh COMMIT bench   the forward benchmark over every anchor (bf16 with
+#                                             FlexAttention, fp16 without), and the backward rows
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; shift
+commit=${1:?commit}; part=${2:?l1 or bench}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
-{ python -m fa_gen.cli build causal_bf16_d128 && python -m fa_gen.cli check sliding_window_bf16_d128 --trials 6; } \
-  2>&1 | tee "$out/build.log"
-FA_GEN_PRECOMPILE_JOBS=${JOBS:-16} python -m pytest -m gpu -q -p no:cacheprovider \
-  --hypothesis-show-statistics "$@" 2>&1 | tee "$out/l1.log"
-python bench/load_time.py causal_bf16_d128 2>&1 | tee "$out/load.log"
-python bench/overhead.py 2>&1 | tee "$out/overhead.log"
-python bench/bench_forward.py --commit "$commit" --out "$out" --plot ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee -a "$out/gpu.txt"
+if [[ $part == l1 ]]; then
+  { python -m fa_gen.cli build causal_bf16_d128 && python -m fa_gen.cli check sliding_window_bf16_d128 --trials 6; } \
+    2>&1 | tee "$out/build.log"
+  python -m pytest -m gpu -q -p no:cacheprovider --hypothesis-show-statistics "$@" 2>&1 | tee "$out/l1.log"
+  python bench/load_time.py causal_bf16_d128 2>&1 | tee "$out/load.log"
+  python bench/overhead.py 2>&1 | tee "$out/overhead.log"
+else
+  python bench/bench_forward.py --commit "$commit" --out "$out" --plot --dtypes bf16 "$@" 2>&1 | tee "$out/bench.log"
+  python bench/bench_forward.py --commit "$commit-fp16" --out "$out" --dtypes fp16 --head-dims 64,128 \
+    --seqlens 512,2048,8192,16384 --impls fa_gen,fa_gen_sm80,sdpa_flash,sdpa_cudnn,fa4 2>&1 | tee "$out/bench_fp16.log"
+  python bench/bench_forward.py --commit "$commit" --out "$out" --backward --dtypes bf16 --head-dims 64,128 \
+    --seqlens 1024,4096,8192,16384 2>&1 | tee "$out/bench_bwd.log"
+fi
