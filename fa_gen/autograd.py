@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .errors import InputError
 from .spec import Spec
@@ -110,10 +111,26 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:  # only lse was used, which carries no gradient
         dout = torch.zeros_like(out)
-    # The OpOverload itself: a little less Python per call than the CustomOpDef wrapper.
-    dq, dk, dv = torch.ops.fa_gen.attention_backward.default(dout, q, k, v, out, lse, ctx.spec_key,
-                                                             ctx.deterministic)
+    if _plain_eager(dout, q, k, v, out, lse):
+        # Eager autograd on plain tensors: the op's own body, without the dispatcher's round trip.
+        from .backward import build_backward
+
+        dq, dk, dv = build_backward(spec_from_key(ctx.spec_key))(dout.contiguous(), q, k, v, out, lse,
+                                                                 ctx.deterministic)
+    else:
+        # Traced (torch.compile, FakeTensor, a dispatch mode): the op, which tracing records.
+        dq, dk, dv = torch.ops.fa_gen.attention_backward.default(dout, q, k, v, out, lse, ctx.spec_key,
+                                                                 ctx.deterministic)
     return dq, dk, dv, None, None
+
+
+def _plain_eager(*tensors) -> bool:
+    """True when no tracer can be watching: not compiling, no Python dispatch mode, and every
+    tensor a plain CUDA torch.Tensor (FakeTensor, FunctionalTensor and the like are subclasses;
+    meta tensors take the op's fake implementation)."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    return all(type(t) is torch.Tensor and t.is_cuda for t in tensors)
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)

@@ -108,7 +108,7 @@ def backward_family(spec: Spec, arch: str) -> str:
     reasons = []
     for family in REGISTRY:
         problems = family.can_implement(spec, arch)
-        if not problems and KIND in family.kernel_files():
+        if not problems and KIND in family.kernel_files(spec):
             return family.name
         reasons.extend(f"{family.name}: {p}" for p in problems or ["renders no backward kernel"])
     raise UnsupportedError(f"backward of spec {spec.name!r} on {arch}", reasons)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .reference import attention_reference, attention_same_precision, visibility
+from .reference import _logits, attention_reference, attention_same_precision, visibility
 from .spec import Spec
 
 
@@ -71,38 +71,51 @@ def _masked_max_abs(diff: torch.Tensor) -> float:
     return float(diff.abs().max().item()) if diff.numel() else 0.0
 
 
-def compare(spec: Spec, q, k, v, out: torch.Tensor, lse: torch.Tensor) -> CheckResult:
+def compare(spec: Spec, q, k, v, out: torch.Tensor, lse: torch.Tensor, inputs=None) -> CheckResult:
     """Compare a kernel's (out, lse) for inputs (q, k, v) with the float64 reference."""
     shape = Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2])
-    ref_out, ref_lse = attention_reference(q, k, v, spec)
-    pt_out = attention_same_precision(q, k, v, spec)
+    ref_out, ref_lse = attention_reference(q, k, v, spec, inputs=inputs)
+    pt_out = attention_same_precision(q, k, v, spec, inputs=inputs)
     out_tol = 2 * _masked_max_abs(pt_out.double() - ref_out) + _rounding_floor(ref_out, q.dtype)
     out_err = _masked_max_abs(out.double() - ref_out)
 
-    has_key = visibility(spec, shape.seqlen_q, shape.seqlen_k, device=q.device).any(dim=1)
-    rows = has_key.view(1, 1, -1).expand_as(ref_lse)
-    pt_lse = _same_precision_lse(q, k, spec)
+    # (batch or 1, heads_q or 1, seqlen_q): whether the row sees any key.
+    has_key = _visible(spec, shape, q.device, inputs).any(dim=-1).expand_as(ref_lse)
+    rows = has_key
+    pt_lse = _same_precision_lse(q, k, spec, inputs)
     # Floor: a few float32 rounding steps, what the kernel's approximate exp2/log2 cost.
     lse_floor = 4 * _rounding_floor(ref_lse[rows], torch.float32)
     lse_tol = 2 * _masked_max_abs((pt_lse.double() - ref_lse)[rows]) + lse_floor
     lse_err = _masked_max_abs((lse.double() - ref_lse)[rows])
 
     empty = ~has_key
-    empty_ok = bool((out[:, empty] == 0).all()) and bool(torch.isneginf(lse[:, :, empty]).all())
+    empty_ok = bool((out.permute(0, 2, 1, 3)[empty] == 0).all()) and bool(torch.isneginf(lse[empty]).all())
     finite = bool(torch.isfinite(out).all()) and not bool(torch.isnan(lse).any())
     return CheckResult(shape, out_err, out_tol, lse_err, lse_tol, empty_ok, finite)
 
 
-def _same_precision_lse(q, k, spec: Spec) -> torch.Tensor:
+def _visible(spec: Spec, shape: Shape, device, inputs) -> torch.Tensor:
+    """Visibility broadcastable to (batch, heads_q, seqlen_q, seqlen_k)."""
+    if spec.mask_expr is not None:
+        return visibility(spec, shape.seqlen_q, shape.seqlen_k, device=device, batch=shape.batch,
+                          heads_q=shape.heads_q, inputs=inputs)
+    return visibility(spec, shape.seqlen_q, shape.seqlen_k, device=device).view(1, 1, shape.seqlen_q, -1)
+
+
+def _same_precision_lse(q, k, spec: Spec, inputs=None) -> torch.Tensor:
     heads_q = q.shape[2]
     kx = k.repeat_interleave(heads_q // k.shape[2], dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, kx).float() * spec.softmax_scale
+    if spec.uses_expressions:
+        return torch.logsumexp(_logits(scores, spec, inputs)[0], dim=-1)
     visible = visibility(spec, q.shape[1], k.shape[1], device=q.device)
     return torch.logsumexp(scores.masked_fill(~visible, float("-inf")), dim=-1)
 
 
-def check_kernel(kernel, shape: Shape, seed: int = 0) -> CheckResult:
-    """Run `kernel` on fresh random inputs of `shape` and compare it with the reference."""
+def check_kernel(kernel, shape: Shape, seed: int = 0, inputs=None) -> CheckResult:
+    """Run `kernel` on fresh random inputs of `shape` and compare it with the reference.
+
+    `inputs`: values for the spec's declared inputs (see `random_aux_inputs`)."""
     device = torch.device("cuda")
     generator = torch.Generator(device=device).manual_seed(seed)
     q, k, v = random_inputs(kernel.spec, shape, kernel._dtype, device, generator)
@@ -110,5 +123,5 @@ def check_kernel(kernel, shape: Shape, seed: int = 0) -> CheckResult:
     out = torch.full((shape.batch, shape.seqlen_q, shape.heads_q, kernel.spec.head_dim_v),
                      float("nan"), dtype=q.dtype, device=device)
     lse = torch.full((shape.batch, shape.heads_q, shape.seqlen_q), float("nan"), device=device)
-    kernel.forward(q, k, v, out=out, lse=lse)
-    return compare(kernel.spec, q, k, v, out, lse)
+    kernel.forward(q, k, v, out=out, lse=lse, inputs=inputs)
+    return compare(kernel.spec, q, k, v, out, lse, inputs)

@@ -19,7 +19,7 @@ def expected_files(spec: Spec) -> dict[Path, str]:
     """Relative path -> text of every file the renders of `spec` produce."""
     files = {}
     for arch in spec.archs:
-        for kind in family_for(spec, arch).kernel_files():
+        for kind in family_for(spec, arch).kernel_files(spec):
             rendered = render(spec, arch, kind=kind)
             files[Path(spec.name) / arch / rendered.filename] = rendered.text
     return files

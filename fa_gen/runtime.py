@@ -49,26 +49,75 @@ class Kernel:
         self.info = info
         self._function = function
         self._dtype = _TORCH_DTYPES[spec.dtype]
+        # Mask expressions: per-call key-tile ranges, memoised by sizes and scalars when the mask reads no tensor.
+        self._tile_ranges: dict[tuple, torch.Tensor] = {}
 
     def __repr__(self) -> str:
         return f"Kernel({self.spec.name!r}, arch={self.arch!r}, family={self.info.family!r})"
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        out, lse = self.forward(q, k, v)
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs=None):
+        out, lse = self.forward(q, k, v, inputs=inputs)
         return (out, lse) if self.spec.return_lse else out
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
-        """(out, lse) always; `out`/`lse` may be given preallocated (tests poison them)."""
+                out: torch.Tensor | None = None, lse: torch.Tensor | None = None, inputs=None):
+        """(out, lse) always; `out`/`lse` may be given preallocated (tests poison them).
+
+        `inputs`: name -> tensor or number for the spec's declared inputs (fa_gen.variant).
+        """
         self._check(q, k, v)
         batch, seqlen_q, heads_q, _ = q.shape
         if out is None:
             out = torch.empty((batch, seqlen_q, heads_q, self.spec.head_dim_v), dtype=q.dtype, device=q.device)
         if lse is None:
             lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+        if not (self.spec.inputs or inputs or self.spec.mask_expr):
+            if seqlen_q > 0:
+                self._function(q, k, v, out, lse)
+            return out, lse
+        extra, bound = self._input_arguments(q, k, inputs)
         if seqlen_q > 0:
-            self._function(q, k, v, out, lse)
+            if self.spec.mask_expr is not None:
+                extra.append(self._key_tile_ranges(q, k, bound))
+            self._function(q, k, v, out, lse, *extra)
         return out, lse
+
+    def _key_tile_ranges(self, q: torch.Tensor, k: torch.Tensor, bound: dict) -> torch.Tensor:
+        """(batch, heads_q, query tiles, 2) int32 key-tile ranges of the mask expression for this call."""
+        from .variant.tiles import classify_tiles, key_tile_ranges
+
+        spec = self.spec
+        batch, seqlen_q, heads_q, _ = q.shape
+        data_dependent = any(not d.is_scalar for d in spec.inputs)
+        key = (batch, heads_q, seqlen_q, k.shape[1], q.device,
+               tuple(bound[d.name] for d in spec.inputs if d.is_scalar))
+        ranges = None if data_dependent else self._tile_ranges.get(key)
+        if ranges is None:
+            tile_m, tile_n = archs.family_named(self.info.family).forward_tiles(spec, self.arch)
+            codes = classify_tiles(spec.mask_tree, spec.inputs, bound, batch=batch, heads_q=heads_q,
+                                   seqlen_q=seqlen_q, seqlen_k=k.shape[1], tile_m=tile_m, tile_n=tile_n,
+                                   device=q.device)
+            ranges = key_tile_ranges(codes, batch, heads_q)
+            if not data_dependent:
+                self._tile_ranges[key] = ranges
+        return ranges
+
+    def _input_arguments(self, q: torch.Tensor, k: torch.Tensor, inputs) -> tuple[list, dict]:
+        """The kernel's arguments after lse (every declared input, checked, in declared order),
+        and the bound values by name."""
+        from .variant.bind import bind_inputs
+
+        sizes = {"batch": q.shape[0], "heads_q": q.shape[2], "seqlen_q": q.shape[1], "seqlen_k": k.shape[1]}
+        bound = bind_inputs(self.spec.inputs, inputs, sizes)
+        arguments = []
+        for decl in self.spec.inputs:
+            value = bound[decl.name]
+            if isinstance(value, torch.Tensor):
+                if value.device != q.device:
+                    raise InputError(f"input {decl.name!r} is on {value.device}; q is on {q.device}")
+                value = value.contiguous()
+            arguments.append(value)
+        return arguments, bound
 
     def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         spec = self.spec

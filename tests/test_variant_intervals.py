@@ -23,11 +23,12 @@ from fa_gen.variant.emit_torch import emit_torch
 from fa_gen.variant.intervals import Interval, Tri, bounds, classify, tri_codes
 from fa_gen.variant.tiles import classify_tiles
 from fa_gen.variant.tree import Compare, Const, Type
+from tests.variants import variant_library_paths
 from tests.variant_grammar import INPUTS, conditions, float_exprs, int_exprs, parse_or_reject, random_tensors
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SCALARS = {"w": 3, "n": -2, "s": 0.75}
-LIBRARY = specs_dir() / "library"
+LIBRARY = variant_library_paths()
 
 
 # --- a random region and every point in it --------------------------------------------------------
@@ -218,7 +219,7 @@ def _exact(visible, tile_m, tile_n) -> torch.Tensor:
 ])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(100, 100), (70, 130), (130, 70)])
 def test_index_masks_are_classified_exactly(name, values, seqlen_q, seqlen_k):
-    spec = load_spec(LIBRARY / f"{name}.yaml", check_archs=False)
+    spec = load_spec(LIBRARY[name], check_archs=False)
     sizes = dict(batch=1, heads_q=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
     codes = classify_tiles(spec.mask_tree, spec.inputs, values, tile_m=16, tile_n=8, **sizes)
     if name == "attention_sinks":
@@ -230,7 +231,7 @@ def test_index_masks_are_classified_exactly(name, values, seqlen_q, seqlen_k):
 
 
 def test_document_mask_uses_per_tile_ids():
-    spec = load_spec(LIBRARY / "document.yaml", check_archs=False)
+    spec = load_spec(LIBRARY["document"], check_archs=False)
     docs = torch.tensor([[0] * 32 + [1] * 32], dtype=torch.int32)
     codes = classify_tiles(spec.mask_tree, spec.inputs, {"q_doc": docs, "kv_doc": docs},
                            batch=1, heads_q=4, seqlen_q=64, seqlen_k=64, tile_m=16, tile_n=16)
@@ -244,7 +245,7 @@ def test_document_mask_uses_per_tile_ids():
 
 
 def test_prefix_lm_classifies_per_batch_entry():
-    spec = load_spec(LIBRARY / "prefix_lm.yaml", check_archs=False)
+    spec = load_spec(LIBRARY["prefix_lm"], check_archs=False)
     prefix = torch.tensor([0, 40], dtype=torch.int32)
     sizes = dict(batch=2, heads_q=1, seqlen_q=64, seqlen_k=64)
     codes = classify_tiles(spec.mask_tree, spec.inputs, {"prefix_len": prefix}, tile_m=16, tile_n=16, **sizes)
@@ -254,7 +255,7 @@ def test_prefix_lm_classifies_per_batch_entry():
 
 
 def test_tile_classification_checks_inputs():
-    spec = load_spec(LIBRARY / "prefix_lm.yaml", check_archs=False)
+    spec = load_spec(LIBRARY["prefix_lm"], check_archs=False)
     from fa_gen.errors import InputError
 
     with pytest.raises(InputError, match="below its declared min 0"):

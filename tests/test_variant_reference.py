@@ -18,8 +18,9 @@ from fa_gen.paths import specs_dir
 from fa_gen.reference import attention_reference, attention_same_precision, visibility
 from fa_gen.spec import Alignment, DType, MaskKind, Spec
 from fa_gen.spec_load import load_spec
+from tests.variants import variant_library_paths
 
-LIBRARY = specs_dir() / "library"
+LIBRARY = variant_library_paths()
 B, HQ, HKV, D = 2, 4, 2, 16
 
 
@@ -27,7 +28,7 @@ def library_spec(name: str) -> Spec:
     # Head dim 16 keeps the naive loops fast; the library's head dims do not enter the semantics.
     import dataclasses
 
-    spec = load_spec(LIBRARY / f"{name}.yaml", check_archs=False)
+    spec = load_spec(LIBRARY[name], check_archs=False)
     return dataclasses.replace(spec, head_dim_qk=D, head_dim_v=D, softmax_scale=D ** -0.5)
 
 
@@ -102,7 +103,7 @@ def _qkv(sq, sk, gen):
             torch.randn(B, sk, HKV, D, generator=gen))
 
 
-NAMES = sorted(p.stem for p in LIBRARY.glob("*.yaml"))
+NAMES = sorted(LIBRARY)
 SHAPES = [(5, 9), (9, 5), (7, 7)]
 
 

@@ -38,3 +38,13 @@ def variant_specs(archs=None):
             mapping["archs"] = list(archs)
         specs.append(load_spec(mapping))
     return specs
+
+
+def variant_library_paths():
+    """The expression variants' specs, by name: specs/library/ (not shipped yet) and the
+    shipped specs/ that use expressions (the library, once a family implements them)."""
+    from fa_gen.paths import specs_dir
+
+    library = list((specs_dir() / "library").glob("*.yaml"))
+    shipped = [p for p in specs_dir().glob("*.yaml") if load_spec(p, check_archs=False).uses_expressions]
+    return {p.stem: p for p in sorted(library + shipped, key=lambda p: p.stem)}

@@ -20,8 +20,12 @@ class Family:
     # Whether the templates implement mask / score-mod / sink expressions (fa_gen/variant).
     supports_expressions: bool = False
 
-    def kernel_files(self) -> dict[str, tuple[str, str]]:
-        """Every kernel kind this family renders: kind -> (template, rendered filename)."""
+    def kernel_files(self, spec: Spec | None = None) -> dict[str, tuple[str, str]]:
+        """Every kernel kind this family renders (for `spec`, when given): kind -> (template,
+        rendered filename). Expression specs get the forward kernel only: no family's extra
+        kernels (the backward) implement expressions yet."""
+        if spec is not None and spec.uses_expressions:
+            return {"forward": (self.forward_template, self.forward_filename)}
         return {"forward": (self.forward_template, self.forward_filename), **self.extra_kernels}
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
@@ -35,6 +39,10 @@ class Family:
         if spec.uses_expressions and not self.supports_expressions:
             return ["expression masks/score mods are not implemented in this family yet"]
         return self.spec_reasons(spec, arch)
+
+    def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
+        """(tile_m, tile_n) of the forward kernel: the runtime classifies key tiles per call with them."""
+        raise NotImplementedError
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
         return []

@@ -53,7 +53,9 @@ def emit_cute(tree: Node, names: Mapping[str, str], *, inputs: tuple[InputDecl, 
     names     expression name -> the template's variable (b, h, q_idx, kv_idx, seqlen_q, seqlen_k,
               heads_q, score, and each input the tree reads: its tensor or scalar variable)
     read      (tensor variable, index texts) -> text of one element (e.g. to add a bounds guard)
-    fastmath  passed to transcendental calls (tanh, exp, ...)
+    fastmath  passed to transcendental calls (tanh, exp, ...); also turns a float division by a
+              loop-invariant divisor into a multiplication by its reciprocal, hoisted with it
+              (one rounding more: a ulp or so, where a per-element div.rn costs a dozen instructions)
     temp_prefix  names of the hoisted temporaries: give each expression emitted into one scope its own
     """
     missing = sorted(names_used(tree) - set(names))
@@ -79,8 +81,19 @@ class _Emitter:
         """(text, loop depth the node needs); children below the node's depth are hoisted."""
         children = [self.emit(child) for child in node.children()]
         depth = max((d for _, d in children), default=self.leaf_depth(node))
+        if self.fastmath and isinstance(node, Binary) and node.op == "/" and children[1][1] < depth:
+            return self.times_reciprocal(node, children, depth), depth
         texts = [self.bind_if_hoisted(child, text, d, depth) for child, (text, d) in zip(node.children(), children)]
         return getattr(self, f"text_{type(node).__name__}")(node, texts), depth
+
+    def times_reciprocal(self, node: Binary, children, depth: int) -> str:
+        """`a / b` with `b` invariant at this depth: a * (1 / b), the reciprocal bound where b lives."""
+        (a, a_depth), (b, b_depth) = children
+        numerator = self.bind_if_hoisted(node.left, a, a_depth, depth)
+        divisor = self.bind_if_hoisted(node.right, b, b_depth, depth)
+        reciprocal = f"{self.temp_prefix}{sum(map(len, self.bindings))}"
+        self.bindings[b_depth].append((reciprocal, f"(Float32(1.0) / {divisor})"))
+        return f"({numerator} * {reciprocal})"
 
     def leaf_depth(self, node: Node) -> int:
         return self.depth_of.get(node.id, 0) if isinstance(node, Name) else 0

@@ -21,7 +21,7 @@ import torch
 
 from .bind import bind_inputs
 from .inputs import InputDecl, find_input
-from .intervals import Interval, bounds, tri_codes
+from .intervals import Interval, Tri, bounds, tri_codes
 from .tree import Node, Type, names_used
 
 _F64 = torch.float64
@@ -135,3 +135,17 @@ def _to_grid(x: torch.Tensor, axes: list) -> torch.Tensor:
     for i in order:
         shape[kept[i][0]] = x.shape[order.index(i)]
     return x.reshape(shape)
+
+
+def key_tile_ranges(codes: torch.Tensor, batch: int, heads_q: int) -> torch.Tensor:
+    """int32 (batch, heads_q, query tiles, 2): per query tile, the key tiles [lo, hi) from its
+    first to its last tile that is not NEVER (hi <= lo: the tile sees no key), from
+    `classify_tiles` codes. Tiles inside the range may still be NEVER; a kernel that masks
+    every tile it visits stays exact."""
+    num_n = codes.shape[-1]
+    visible = codes != int(Tri.NEVER)
+    index = torch.arange(num_n, device=codes.device, dtype=torch.int32)
+    lo = torch.where(visible, index, num_n).amin(dim=-1)
+    hi = torch.where(visible, index + 1, 0).amax(dim=-1)
+    ranges = torch.stack([lo, hi], dim=-1).to(torch.int32)
+    return ranges.expand(batch, heads_q, *ranges.shape[2:]).contiguous()

@@ -10,7 +10,7 @@ One host function launches three kernels on one stream:
   prepare      per query tile: D = rowsum(dO * O) in fp32, LSE * log2(e) (+inf where LSE is
                -inf, so those rows contribute nothing), and zeroes the tile's dQ accumulator;
   kernel       one CTA per key tile and K/V head: K and V stay in shared memory while the CTA
-               walks the query tiles that see them, last to first (for every query head of
+               walks the query tiles that see them (last to first, for every query head of
                the group), so dK and dV accumulate in registers. Per query tile it recomputes S = Q K^T and
                P = exp2(S * scale_log2 - LSE * log2(e)) (nothing N x N is stored), then
                dV += P^T dO, dP = dO V^T, dS = P * (dP - D), dK += dS^T Q, and adds
@@ -458,11 +458,12 @@ class FlashAttentionBackward:
 
     @cute.jit
     def mainloop(self, ops: Operands, head_first, group, m_block_lo, m_block_hi, m_block_free_lo, m_block_free_hi):
-        """Every query head of the group, each over its query tiles from the last to the first.
+        """Every query head of the group, each over its query tiles in one direction.
 
-        Last to first, as FlashAttention-2 does: the CTAs of one head then work on the same
-        query tile at about the same time (its Q and dO come from L2), and in deterministic
-        mode they add dQ in key-tile order after a short skew, not after a whole diagonal.
+        Last to first, as FlashAttention-2 does: with a right window (causal) the ranges end
+        together, so the CTAs of one head then work on the same query tile at about the same
+        time (Q and dO from L2), and in deterministic mode they add dQ in key-tile order after
+        a short skew, not after a whole diagonal.
         One loop with a run-time mask flag (tiles outside [free_lo, free_hi) need the element
         mask), not one specialised loop per kind of tile as in the forward: the step is
         inlined once, and at 248-255 registers a second copy made ptxas spill."""
@@ -471,9 +472,9 @@ class FlashAttentionBackward:
         cute.arch.cp_async_commit_group()
         for g in cutlass.range(group, unroll=1):
             head = head_first + g
+            more_heads = g + 1 < group
             # Position of (head, m_block) in the CTA's sequence of tiles is last - m_block.
             last = g * tiles + m_block_hi - 1
-            more_heads = g + 1 < group
             for m_block in cutlass.range(m_block_hi - 1, m_block_lo - 1, -1, unroll=1):
                 masked = (m_block < m_block_free_lo) | (m_block >= m_block_free_hi)
                 self.step(ops, head, m_block, last - m_block, m_block_lo, m_block_hi, more_heads, masked)

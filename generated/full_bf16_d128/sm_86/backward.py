@@ -10,7 +10,7 @@ One host function launches three kernels on one stream:
   prepare      per query tile: D = rowsum(dO * O) in fp32, LSE * log2(e) (+inf where LSE is
                -inf, so those rows contribute nothing), and zeroes the tile's dQ accumulator;
   kernel       one CTA per key tile and K/V head: K and V stay in shared memory while the CTA
-               walks the query tiles that see them, last to first (for every query head of
+               walks the query tiles that see them (first to last, for every query head of
                the group), so dK and dV accumulate in registers. Per query tile it recomputes S = Q K^T and
                P = exp2(S * scale_log2 - LSE * log2(e)) (nothing N x N is stored), then
                dV += P^T dO, dP = dO V^T, dS = P * (dP - D), dK += dS^T Q, and adds
@@ -456,36 +456,35 @@ class FlashAttentionBackward:
 
     @cute.jit
     def mainloop(self, ops: Operands, head_first, group, m_block_lo, m_block_hi, m_block_free_lo, m_block_free_hi):
-        """Every query head of the group, each over its query tiles from the last to the first.
+        """Every query head of the group, each over its query tiles in one direction.
 
-        Last to first, as FlashAttention-2 does: the CTAs of one head then work on the same
-        query tile at about the same time (its Q and dO come from L2), and in deterministic
-        mode they add dQ in key-tile order after a short skew, not after a whole diagonal.
+        First to last (no right window: every key tile's range starts at the same query tile,
+        so the CTAs of one head start together on the same tile and its Q and dO come from L2).
         One loop with a run-time mask flag (tiles outside [free_lo, free_hi) need the element
         mask), not one specialised loop per kind of tile as in the forward: the step is
         inlined once, and at 248-255 registers a second copy made ptxas spill."""
         tiles = m_block_hi - m_block_lo
-        self.load_q_do(ops, head_first, m_block_hi - 1, 0)
+        self.load_q_do(ops, head_first, m_block_lo, 0)
         cute.arch.cp_async_commit_group()
         for g in cutlass.range(group, unroll=1):
             head = head_first + g
-            # Position of (head, m_block) in the CTA's sequence of tiles is last - m_block.
-            last = g * tiles + m_block_hi - 1
             more_heads = g + 1 < group
-            for m_block in cutlass.range(m_block_hi - 1, m_block_lo - 1, -1, unroll=1):
+            # Position of (head, m_block) in the CTA's sequence of tiles is first + m_block.
+            first = g * tiles - m_block_lo
+            for m_block in cutlass.range(m_block_lo, m_block_hi, unroll=1):
                 masked = (m_block < m_block_free_lo) | (m_block >= m_block_free_hi)
-                self.step(ops, head, m_block, last - m_block, m_block_lo, m_block_hi, more_heads, masked)
+                self.step(ops, head, m_block, first + m_block, m_block_lo, m_block_hi, more_heads, masked)
 
     @cute.jit
     def step(self, ops: Operands, head, m_block, position, m_block_lo, m_block_hi, more_heads, masked):
         """One query tile of one head: S, P, dP, dS; dV, dK += ...; dQ accumulated in global memory.
         `masked` (uniform across the CTA) applies the element mask to S."""
         stage = position % NUM_STAGES
-        # The tile after this one: the previous query tile, or the last one of the next head.
-        last_of_head = m_block <= m_block_lo
+        # The tile after this one: the next query tile, or the first one of the next head.
+        last_of_head = m_block + 1 >= m_block_hi
         next_head = head + 1 if last_of_head else head
-        next_m_block = m_block_hi - 1 if last_of_head else m_block - 1
-        has_next = (m_block > m_block_lo) | more_heads
+        next_m_block = m_block_lo if last_of_head else m_block + 1
+        has_next = (m_block + 1 < m_block_hi) | more_heads
         # This tile's Q and dO have landed, and every warp is done with the previous tile
         # (its reads of the other stage and of sP / sdS).
         cute.arch.cp_async_wait_group(0)

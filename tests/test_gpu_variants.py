@@ -1,0 +1,96 @@
+"""L1: every shipped expression spec (score mods, mask expressions) against the float64 reference.
+
+Run on a GPU machine:  python -m pytest -m gpu tests/test_gpu_variants.py
+Aux inputs are drawn at random for every example: runtime scalars over a range that makes
+their masks bite at these sequence lengths, tensors as the variant means them (sorted
+document ids, prefix lengths inside the keys, positive slopes, normal biases).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fa_gen import generate
+from fa_gen.check import Shape, check_kernel
+from fa_gen.variant.bind import TORCH_DTYPES
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (L1)"),
+]
+
+SPECS = [spec for spec in generate.shipped_specs() if spec.uses_expressions]
+# Scalars: (low, high) drawn uniformly; the defaults (window 1024, chunk 8192) would mask little here.
+SCALAR_RANGES = {"window": (1, 300), "chunk": (1, 300), "sink_tokens": (0, 8), "softcap": (1.0, 50.0)}
+
+
+def random_aux_inputs(spec, shape: Shape, generator: torch.Generator) -> dict:
+    sizes = {"batch": shape.batch, "heads_q": shape.heads_q, "seqlen_q": shape.seqlen_q, "seqlen_k": shape.seqlen_k}
+    values = {}
+    for decl in spec.inputs:
+        if decl.is_scalar:
+            low, high = SCALAR_RANGES.get(decl.name, (decl.min or 0, (decl.min or 0) + 100))
+            u = float(torch.rand((), generator=generator, device=generator.device))
+            values[decl.name] = low + u * (high - low) if decl.dtype == "float" else int(low + u * (high - low + 1))
+            continue
+        dims = decl.resolved_shape(sizes)
+        device = generator.device
+        if decl.name.endswith("_doc"):
+            ids = torch.randint(0, 4, dims, generator=generator, device=device)
+            values[decl.name] = ids.sort(dim=-1).values.to(torch.int32)
+        elif decl.name == "prefix_len":
+            values[decl.name] = torch.randint(0, shape.seqlen_k + 1, dims, generator=generator,
+                                              device=device).to(torch.int32)
+        elif decl.name == "slopes":
+            values[decl.name] = torch.rand(dims, generator=generator, device=device)
+        else:
+            x = torch.randn(dims, generator=generator, device=device)
+            values[decl.name] = x.to(TORCH_DTYPES[decl.dtype])
+    return values
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from fa_gen.runtime import build, current_arch
+
+    arch = current_arch()
+    jobs = int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0"))
+    if jobs > 1:
+        from fa_gen.precompile import precompile
+
+        precompile([(spec, arch) for spec in SPECS], jobs=jobs)
+    return {spec.name: build(spec, arch) for spec in SPECS}
+
+
+def _check(kernel, shape: Shape, seed: int):
+    generator = torch.Generator(device="cuda").manual_seed(seed + 1)
+    return check_kernel(kernel, shape, seed=seed, inputs=random_aux_inputs(kernel.spec, shape, generator))
+
+
+shapes = st.builds(
+    lambda b, sq, sk, hkv, ratio: Shape(b, sq, sk, hkv * ratio, hkv),
+    st.integers(1, 3), st.integers(1, 1200), st.integers(1, 1200), st.integers(1, 3), st.integers(1, 4),
+)
+
+
+@settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(name=st.sampled_from([s.name for s in SPECS]), shape=shapes, seed=st.integers(0, 2**31 - 1))
+def test_expression_forward_matches_reference(kernels, name, shape, seed):
+    result = _check(kernels[name], shape, seed)
+    assert result.ok, f"{name}: {result}"
+
+
+EDGE_SHAPES = [Shape(1, 1, 1, 1, 1), Shape(2, 257, 1000, 6, 2), Shape(1, 1000, 257, 8, 1),
+               Shape(1, 2048, 1, 2, 2), Shape(2, 129, 127, 16, 2)]
+
+
+@pytest.mark.parametrize("name", [s.name for s in SPECS])
+def test_expression_edge_shapes(kernels, name):
+    failures = [str(r) for r in (_check(kernels[name], shape, i) for i, shape in enumerate(EDGE_SHAPES)) if not r.ok]
+    assert not failures, f"{name}:\n" + "\n".join(failures)
