@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fa_gen.check import Shape, random_inputs
@@ -86,9 +86,12 @@ def _autograd(fn, tensors, dout):
 
 
 def _rounding_floor(ref: torch.Tensor, dtype: torch.dtype) -> float:
-    # One rounding step of values of this magnitude in `dtype`.
+    # Two rounding steps of values of this magnitude in `dtype`: on the way to every gradient
+    # the kernel rounds twice by design (P or dS to `dtype` as an MMA operand, then the result),
+    # where the forward rounds once. Tiny shapes (sq=1, sk=2) showed the same-precision PyTorch
+    # error can be far below that by luck, which left the one-step floor short by a fraction of an ulp.
     x = ref.to(dtype)
-    return float((x + 0.3 - 0.3 - x).abs().max().item()) if x.numel() else 0.0
+    return 2 * float((x + 0.3 - 0.3 - x).abs().max().item()) if x.numel() else 0.0
 
 
 def _max_abs(diff: torch.Tensor) -> float:
@@ -126,6 +129,9 @@ shapes = st.builds(
 @settings(max_examples=int(os.environ.get("FA_GEN_L1_BWD_EXAMPLES", "100")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(name=st.sampled_from([s.name for s in SPECS]), shape=shapes, seed=st.integers(0, 2**31 - 1))
+# Found by hypothesis on the H200 at ba9455c: with one query and two keys the one-step floor
+# was short of the kernel's designed two roundings (see _rounding_floor).
+@example(name="v_fp16_d64_none", shape=Shape(1, 1, 2, 1, 1), seed=0)
 def test_backward_matches_reference(kernels, name, shape, seed):
     result = check_backward(kernels[name], shape, seed)
     assert result.ok, f"{name}: {result}"
