@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fa_gen.check import Shape, random_inputs
-from fa_gen.reference import attention_reference, attention_same_precision
+from fa_gen.reference import attention_reference, attention_same_precision, visibility
 
 from .variants import variant_specs
 
@@ -94,6 +94,34 @@ def _rounding_floor(ref: torch.Tensor, dtype: torch.dtype) -> float:
     return 2 * float((x + 0.3 - 0.3 - x).abs().max().item()) if x.numel() else 0.0
 
 
+def _rounded_o_effect(q, k, v, dout, spec) -> dict:
+    """How far the float64 gradients move when D = rowsum(dO * O) uses O rounded to q.dtype.
+
+    FlashAttention's backward (ours too) computes D from the stored output, which is rounded
+    to the input dtype; PyTorch's autograd never does, so its error cannot stand for this
+    one. Found on the H200: fp16, sq=129, sk=2, causal, where dq/dk erred ~2 ulp by it alone.
+    """
+    qd, kd, vd, dod = (t.double() for t in (q, k, v, dout))
+    group = q.shape[2] // k.shape[2]
+    kx, vx = kd.repeat_interleave(group, dim=2), vd.repeat_interleave(group, dim=2)
+    visible = visibility(spec, q.shape[1], k.shape[1], device=q.device)
+    scores = (torch.einsum("bqhd,bkhd->bhqk", qd, kx) * spec.softmax_scale).masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.exp(scores - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse))
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, vx)
+    dprobs = torch.einsum("bqhd,bkhd->bhqk", dod, vx)
+
+    def grads(o):
+        row_dot = (dod * o).sum(-1).permute(0, 2, 1).unsqueeze(-1)   # D: (b, h, sq, 1)
+        dscores = probs * (dprobs - row_dot) * spec.softmax_scale
+        dq = torch.einsum("bhqk,bkhd->bqhd", dscores, kx)
+        dk = torch.einsum("bhqk,bqhd->bkhd", dscores, qd)
+        return dq, dk.unflatten(2, (k.shape[2], group)).sum(3)
+
+    (dq, dk), (dq_r, dk_r) = grads(out), grads(out.to(q.dtype).double())
+    return {"dq": _max_abs(dq_r - dq), "dk": _max_abs(dk_r - dk), "dv": 0.0}
+
+
 def _max_abs(diff: torch.Tensor) -> float:
     return float(diff.abs().max().item()) if diff.numel() else 0.0
 
@@ -112,10 +140,11 @@ def check_backward(kernels_pair, shape: Shape, seed: int, deterministic: bool = 
     grads = run_backward(kernels_pair, q, k, v, dout, deterministic)
     ref = _autograd(lambda *t: attention_reference(*t, spec)[0], (q.double(), k.double(), v.double()), dout.double())
     same = _autograd(lambda *t: attention_same_precision(*t, spec), (q, k, v), dout)
+    rounded_o = _rounded_o_effect(q, k, v, dout, spec)
     errors, tolerances = {}, {}
     for name, got, r, pt in zip(GRADS, grads, ref, same):
         errors[name] = _max_abs(got.double() - r)
-        tolerances[name] = 2 * _max_abs(pt.double() - r) + _rounding_floor(r, q.dtype)
+        tolerances[name] = 2 * _max_abs(pt.double() - r) + _rounding_floor(r, q.dtype) + rounded_o[name]
     finite = all(bool(torch.isfinite(g).all()) for g in grads)
     return GradCheck(shape, errors, tolerances, finite)
 
