@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from ..archs import arch_info
 from ..spec import DType, Spec
 from .base import Family
+from .warp_tiles import smem_atom_cols, tile_reasons
 
 NATIVE_ARCH = "sm_75"
 HEAD_DIMS = (64, 96, 128, 256)
@@ -30,7 +30,6 @@ _MAX_REGS_PER_THREAD = 256  # 255 usable, allocated in whole warps of 256
 # S and O accumulators one thread may hold; the rest of the 255 registers hold one staged
 # K or V tile, MMA fragments and addresses.
 _MAX_ACCUMULATORS = 160
-_MMA_M, _MMA_N = 16, 8
 
 
 @dataclass(frozen=True)
@@ -111,8 +110,8 @@ class Sm75Family(Family):
             "smem_bytes": cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v),
             "softmax_scale_log2": spec.softmax_scale_log2,
             # Swizzle atoms span 64 columns (128 B) where the head dim allows, else 32 (64 B).
-            "smem_atom_cols_qk": _smem_atom_cols(spec.head_dim_qk),
-            "smem_atom_cols_v": _smem_atom_cols(spec.head_dim_v),
+            "smem_atom_cols_qk": smem_atom_cols(spec.head_dim_qk),
+            "smem_atom_cols_v": smem_atom_cols(spec.head_dim_v),
             # Causal-like masks: later query tiles see more keys, so launch them first.
             "reverse_m_blocks": spec.window_left is None and spec.window_right is not None,
         }
@@ -125,30 +124,5 @@ def _served_by_another(family: Family, spec: Spec, arch: str) -> bool:
 
 
 def _tile_reasons(cfg: TileConfig, spec: Spec) -> list[str]:
-    """What the template relies on: whole MMA and copy tiles, few enough accumulators, and
-    the tiles fitting Turing's shared memory (the source is the same on every arch)."""
-    reasons = []
-    threads = cfg.num_warps * 32
-    for head_dim in sorted({spec.head_dim_qk, spec.head_dim_v}):
-        copy_rows = threads // (_smem_atom_cols(head_dim) // 8)
-        if cfg.tile_m % copy_rows or cfg.tile_n % copy_rows:
-            reasons.append(f"tuning: tile_m and tile_n must be multiples of {copy_rows} "
-                           f"with {cfg.num_warps} warps at head dim {head_dim}")
-    if cfg.tile_m % (_MMA_M * cfg.num_warps):
-        reasons.append(f"tuning: tile_m {cfg.tile_m} must be a multiple of 16 x num_warps "
-                       f"({_MMA_M * cfg.num_warps})")
-    if cfg.tile_n % (2 * _MMA_N):
-        reasons.append(f"tuning: tile_n {cfg.tile_n} must be a multiple of 16")
-    accumulators = cfg.tile_m * (cfg.tile_n + spec.head_dim_v) // threads
-    if accumulators > _MAX_ACCUMULATORS:
-        reasons.append(f"tuning: {accumulators} fp32 accumulators per thread (S and O) would spill; "
-                       f"at most {_MAX_ACCUMULATORS} (fewer rows or columns, or more warps)")
-    smem = arch_info(NATIVE_ARCH).max_smem_per_block
-    if cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v) > smem:
-        reasons.append(f"tuning: tiles need {cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v)} bytes "
-                       f"of shared memory; {NATIVE_ARCH} has {smem}")
-    return reasons
-
-
-def _smem_atom_cols(head_dim: int) -> int:
-    return 64 if head_dim % 64 == 0 else 32
+    """As sm80's checks, against Turing's shared memory (the source is the same on every arch)."""
+    return tile_reasons(cfg, spec, NATIVE_ARCH, _MAX_ACCUMULATORS)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from ..archs import arch_info
 from ..spec import DType, Spec
 from .base import Family
+from .warp_tiles import smem_atom_cols, tile_reasons
 from .expressions import expression_context, expression_reasons
 
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
@@ -106,7 +107,7 @@ class Sm80Family(Family):
         # first (causal-like ranges end together). H200, bf16, no mask: first to last was 6%
         # and 7% faster at d128 (s 4k, 16k) and 1.3% slower at d64 (tile_m 128).
         ascending = spec.window_right is None and max(spec.head_dim_qk, spec.head_dim_v) >= 128
-        return {"bwd": asdict(cfg), "smem_atom_cols_pds": _smem_atom_cols(cfg.tile_n),
+        return {"bwd": asdict(cfg), "smem_atom_cols_pds": smem_atom_cols(cfg.tile_n),
                 "bwd_ascending": ascending}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
@@ -134,8 +135,8 @@ class Sm80Family(Family):
             "softmax_scale_log2": spec.softmax_scale_log2,
             # Swizzle atoms span 64 columns (128 B) where the head dim allows, else 32 (64 B):
             # 96 is the only supported head dim that 64 does not divide.
-            "smem_atom_cols_qk": _smem_atom_cols(spec.head_dim_qk),
-            "smem_atom_cols_v": _smem_atom_cols(spec.head_dim_v),
+            "smem_atom_cols_qk": smem_atom_cols(spec.head_dim_qk),
+            "smem_atom_cols_v": smem_atom_cols(spec.head_dim_v),
             # Causal-like masks: later query tiles see more keys, so launch them first.
             "reverse_m_blocks": _causal_like(spec),
             # None unless the spec has expressions (then: their emitted code and extra arguments).
@@ -149,32 +150,8 @@ def _causal_like(spec: Spec) -> bool:
 
 
 def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
-    """What the template relies on: whole MMA and copy tiles, P usable as an A operand, and
-    the tiles fitting shared memory. Empty when `cfg` is usable."""
-    reasons = []
-    threads = cfg.num_warps * 32
-    for head_dim in sorted({spec.head_dim_qk, spec.head_dim_v}):
-        copy_rows = threads // (_smem_atom_cols(head_dim) // 8)
-        if cfg.tile_m % copy_rows or cfg.tile_n % copy_rows:
-            reasons.append(f"tuning: tile_m and tile_n must be multiples of {copy_rows} "
-                           f"with {cfg.num_warps} warps at head dim {head_dim}")
-    if cfg.tile_m % (16 * cfg.num_warps):
-        reasons.append(f"tuning: tile_m {cfg.tile_m} must be a multiple of 16 x num_warps ({16 * cfg.num_warps})")
-    if cfg.tile_n % 16:
-        reasons.append(f"tuning: tile_n {cfg.tile_n} must be a multiple of 16")
-    accumulators = cfg.tile_m * (cfg.tile_n + spec.head_dim_v) // threads
-    if accumulators > _MAX_ACCUMULATORS:
-        reasons.append(f"tuning: {accumulators} fp32 accumulators per thread (S and O) would spill; "
-                       f"at most {_MAX_ACCUMULATORS} (fewer rows or columns, or more warps)")
-    smem = arch_info(arch).max_smem_per_block
-    if cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v) > smem:
-        reasons.append(f"tuning: tiles need {cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v)} bytes "
-                       f"of shared memory; {arch} has {smem}")
-    return reasons
-
-
-def _smem_atom_cols(head_dim: int) -> int:
-    return 64 if head_dim % 64 == 0 else 32
+    """What the template relies on (see warp_tiles.tile_reasons); empty when `cfg` is usable."""
+    return tile_reasons(cfg, spec, arch, _MAX_ACCUMULATORS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +231,7 @@ def _backward_tile_reasons(cfg: BackwardTileConfig, spec: Spec, arch: str) -> li
             reasons.append(f"{what}: {rows}x{cols} does not tile over {warps_rows}x{warps_cols} warps of 16x16")
     threads = cfg.num_warps * 32
     for cols in {dqk, dv, cfg.tile_n}:
-        copy_rows = threads // (_smem_atom_cols(cols) // 8)
+        copy_rows = threads // (smem_atom_cols(cols) // 8)
         if cfg.tile_m % copy_rows or cfg.tile_n % copy_rows:
             reasons.append(f"tile rows must be multiples of {copy_rows} for {cols}-column copies")
     if BACKWARD_ROW_ALIGN % cfg.tile_m:
