@@ -16,7 +16,7 @@ import os
 import torch
 
 from .errors import InputError, UnsupportedError
-from .runtime import _TORCH_DTYPES, BuildInfo, _check_shapes, _check_strides, current_arch, load_kernel_function
+from .runtime import CompiledKernel, _check_shapes, _check_strides, current_arch, load_kernel_function
 from .runtime import resolve_spec
 from .spec import Spec
 
@@ -27,18 +27,8 @@ MIN_TILE_M = 32
 KIND = "backward"
 
 
-class Backward:
+class Backward(CompiledKernel):
     """A compiled backward kernel for one spec on one arch: `dq, dk, dv = bwd(dout, q, k, v, out, lse)`."""
-
-    def __init__(self, spec: Spec, arch: str, function, info: BuildInfo):
-        self.spec = spec
-        self.arch = arch
-        self.info = info
-        self._function = function
-        self._dtype = _TORCH_DTYPES[spec.dtype]
-
-    def __repr__(self) -> str:
-        return f"Backward({self.spec.name!r}, arch={self.arch!r}, family={self.info.family!r})"
 
     def __call__(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor, lse: torch.Tensor, deterministic: bool = False):

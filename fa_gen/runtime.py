@@ -40,8 +40,8 @@ class BuildInfo:
     compiled: bool   # False when the object came from the disk or memory cache
 
 
-class Kernel:
-    """A compiled forward kernel for one spec on one arch. Call as `out, lse = kern(q, k, v)`."""
+class CompiledKernel:
+    """A loaded kernel of one spec on one arch, with what built it; subclasses add the call."""
 
     def __init__(self, spec: Spec, arch: str, function, info: BuildInfo):
         self.spec = spec
@@ -49,11 +49,18 @@ class Kernel:
         self.info = info
         self._function = function
         self._dtype = _TORCH_DTYPES[spec.dtype]
-        # Mask expressions: per-call key-tile ranges, memoised by sizes and scalars when the mask reads no tensor.
-        self._tile_ranges: dict[tuple, torch.Tensor] = {}
 
     def __repr__(self) -> str:
-        return f"Kernel({self.spec.name!r}, arch={self.arch!r}, family={self.info.family!r})"
+        return f"{type(self).__name__}({self.spec.name!r}, arch={self.arch!r}, family={self.info.family!r})"
+
+
+class Kernel(CompiledKernel):
+    """A compiled forward kernel for one spec on one arch. Call as `out, lse = kern(q, k, v)`."""
+
+    def __init__(self, spec: Spec, arch: str, function, info: BuildInfo):
+        super().__init__(spec, arch, function, info)
+        # Mask expressions: per-call key-tile ranges, memoised by sizes and scalars when the mask reads no tensor.
+        self._tile_ranges: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs=None):
         out, lse = self.forward(q, k, v, inputs=inputs)

@@ -49,3 +49,14 @@ class Family:
 
     def render_context(self, spec: Spec, arch: str) -> dict:
         raise NotImplementedError
+
+
+def dtype_and_head_dim_reasons(spec: Spec, dtypes, head_dims) -> list[str]:
+    """Reasons `spec`'s dtype or (qk, v) head dims are outside what a family's kernels take."""
+    reasons = []
+    if spec.dtype not in dtypes:
+        reasons.append(f"dtype {spec.dtype.value} is not supported ({', '.join(d.value for d in dtypes)})")
+    if (spec.head_dim_qk, spec.head_dim_v) not in head_dims:
+        allowed = ", ".join(f"{q}" if q == v else f"(qk {q}, v {v})" for q, v in head_dims)
+        reasons.append(f"head_dim (qk {spec.head_dim_qk}, v {spec.head_dim_v}) is not supported ({allowed})")
+    return reasons

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ..archs import arch_info
 from ..spec import DType, Spec
-from .base import Family
+from .base import Family, dtype_and_head_dim_reasons
 from .warp_tiles import smem_atom_cols, tile_reasons
 from .expressions import expression_context, expression_reasons
 
@@ -115,13 +115,9 @@ class Sm80Family(Family):
         return cfg.tile_m, cfg.tile_n
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
-        reasons = []
-        if spec.dtype not in (DType.FP16, DType.BF16):
-            reasons.append(f"dtype {spec.dtype.value} is not supported (fp16, bf16)")
-        if (spec.head_dim_qk, spec.head_dim_v) not in HEAD_DIMS:
-            allowed = ", ".join(f"{q}" if q == v else f"(qk {q}, v {v})" for q, v in HEAD_DIMS)
-            reasons.append(f"head_dim (qk {spec.head_dim_qk}, v {spec.head_dim_v}) is not supported ({allowed})")
-        elif spec.tuning_for(self.name):
+        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), HEAD_DIMS)
+        # Tile checks only mean something for a head dim the kernel takes.
+        if (spec.head_dim_qk, spec.head_dim_v) in HEAD_DIMS and spec.tuning_for(self.name):
             reasons.extend(_tile_reasons(tile_config(spec, arch), spec, arch))
         return reasons + expression_reasons(spec)
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ..archs import arch_info
 from ..spec import DType, Spec
-from .base import Family
+from .base import Family, dtype_and_head_dim_reasons
 
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 
@@ -100,13 +100,9 @@ class Sm90Family(Family):
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks")
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
-        reasons = []
-        if spec.dtype not in (DType.FP16, DType.BF16):
-            reasons.append(f"dtype {spec.dtype.value} is not supported (fp16, bf16)")
-        if (spec.head_dim_qk, spec.head_dim_v) not in HEAD_DIMS:
-            allowed = ", ".join(f"{q}" if q == v else f"(qk {q}, v {v})" for q, v in HEAD_DIMS)
-            reasons.append(f"head_dim (qk {spec.head_dim_qk}, v {spec.head_dim_v}) is not supported ({allowed})")
-        else:
+        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), HEAD_DIMS)
+        # Tile checks only mean something for a head dim the kernel takes.
+        if (spec.head_dim_qk, spec.head_dim_v) in HEAD_DIMS:
             reasons.extend(_tile_reasons(tile_config(spec), spec, arch))
         return reasons
 
