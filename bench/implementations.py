@@ -29,7 +29,7 @@ class Case:
         return {"bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
 
 
-def _fa_gen(family: str | None):
+def fa_gen_impl(family: str | None):
     def make(case: Case):
         from fa_gen.runtime import build
         from fa_gen.spec_load import load_spec
@@ -62,26 +62,15 @@ def _sdpa(backend_name: str):
     return make
 
 
-_FLEX = {}
-
-
 def _flex(case: Case):
-    import torch._dynamo
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from variants import FlexMods, flex_program
 
-    # At dynamo's default limit (8) a compiled function silently falls back to eager after 8 shapes.
-    torch._dynamo.config.cache_size_limit = 1024
-    if hasattr(torch._dynamo.config, "recompile_limit"):
-        torch._dynamo.config.recompile_limit = 1024
-    compiled = _FLEX.setdefault("fn", torch.compile(flex_attention))
-    block_mask = None
-    if case.causal:
-        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, B=None, H=None,
-                                       Q_LEN=case.seqlen, KV_LEN=case.seqlen, device="cuda")
+    from fa_gen.check import Shape
 
-    def run(q, k, v):
-        return compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
-    return run
+    mods = FlexMods(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx) if case.causal else FlexMods()
+    shape = Shape(case.batch, case.seqlen, case.seqlen, case.heads, case.heads)
+    run = flex_program(mods, shape, "cuda")
+    return lambda q, k, v: run(q, k, v)[0]
 
 
 def _fa4(case: Case):
@@ -91,8 +80,8 @@ def _fa4(case: Case):
 
 
 IMPLEMENTATIONS = {
-    "fa_gen": _fa_gen(None),          # the family the registry prefers on this GPU
-    "fa_gen_sm80": _fa_gen("sm80"),   # the Ampere-class family, for comparison on newer GPUs
+    "fa_gen": fa_gen_impl(None),          # the family the registry prefers on this GPU
+    "fa_gen_sm80": fa_gen_impl("sm80"),   # the Ampere-class family, for comparison on newer GPUs
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
     "flex": _flex,

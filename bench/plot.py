@@ -1,4 +1,5 @@
-"""TFLOP/s against seqlen, one line per implementation, one panel per (dtype, head dim, mask)."""
+"""TFLOP/s against seqlen, one line per implementation, one panel per (dtype, head dim, mask)
+or, for a --variants report, per variant."""
 
 from __future__ import annotations
 
@@ -13,14 +14,12 @@ def plot_report(report: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(c["dtype"], c["head_dim"], c["causal"]) for c in report["cells"]})
+    panels = sorted({_panel(c) for c in report["cells"]})
     cols = 3
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
-    for ax, (dtype, head_dim, causal) in zip(axes.flat, panels):
-        cells = sorted((c for c in report["cells"]
-                        if (c["dtype"], c["head_dim"], c["causal"]) == (dtype, head_dim, causal)),
-                       key=lambda c: c["seqlen"])
+    for ax, panel in zip(axes.flat, panels):
+        cells = sorted((c for c in report["cells"] if _panel(c) == panel), key=lambda c: c["seqlen"])
         impls = [r["impl"] for r in cells[0]["results"]]
         for impl in impls:
             points = [(c["seqlen"], r["tflops"]) for c in cells for r in c["results"]
@@ -29,7 +28,7 @@ def plot_report(report: dict, path: Path) -> Path:
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, marker="o", label=impl, linewidth=2.5 if impl == "fa_gen" else 1.2)
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{dtype} d={head_dim} {'causal' if causal else 'no mask'}")
+        ax.set_title(_title(cells[0]))
         ax.set_xlabel("seqlen")
         ax.set_ylabel("TFLOP/s")
         ax.grid(alpha=0.3)
@@ -40,6 +39,16 @@ def plot_report(report: dict, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     return path
+
+
+def _panel(cell: dict) -> tuple:
+    return (cell["variant"],) if "variant" in cell else (cell["dtype"], cell["head_dim"], cell["causal"])
+
+
+def _title(cell: dict) -> str:
+    if "variant" in cell:
+        return f"{cell['variant']} ({cell['dtype']} d={cell['head_dim']}, visible pairs)"
+    return f"{cell['dtype']} d={cell['head_dim']} {'causal' if cell['causal'] else 'no mask'}"
 
 
 if __name__ == "__main__":
