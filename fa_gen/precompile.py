@@ -1,4 +1,4 @@
-"""Compile many (spec, arch) kernels in parallel processes, filling the disk cache.
+"""Compile many (spec, arch[, family]) kernels in parallel processes, filling the disk cache.
 
 The CuTe DSL compiles on one core; a machine with many cores compiles a whole
 test matrix in the time of a few kernels. Workers share nothing but the disk
@@ -14,20 +14,20 @@ import time
 from .spec import Spec
 
 
-def _build_one(spec: Spec, arch: str) -> tuple[str, str, float, bool]:
+def _build_one(spec: Spec, arch: str, family: str | None = None) -> tuple[str, str, float, bool]:
     from .runtime import build
 
-    kernel = build(spec, arch)
+    kernel = build(spec, arch, family=family)
     return spec.name, arch, kernel.info.seconds, kernel.info.compiled
 
 
-def precompile(pairs: list[tuple[Spec, str]], jobs: int | None = None, log=print) -> float:
-    """Build every (spec, arch) into the disk cache; returns wall seconds."""
+def precompile(pairs: list[tuple], jobs: int | None = None, log=print) -> float:
+    """Build every (spec, arch) or (spec, arch, family) into the disk cache; returns wall seconds."""
     start = time.perf_counter()
     jobs = jobs or max(1, multiprocessing.cpu_count())
     context = multiprocessing.get_context("spawn")  # no inherited CUDA or DSL state
     with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        pending = [pool.submit(_build_one, spec, arch) for spec, arch in pairs]
+        pending = [pool.submit(_build_one, *pair) for pair in pairs]
         for done in futures.as_completed(pending):
             name, arch, seconds, compiled = done.result()
             log(f"  {name} {arch}: {'compiled' if compiled else 'cached'} in {seconds:.1f} s")

@@ -59,8 +59,8 @@ class Kernel(CompiledKernel):
 
     def __init__(self, spec: Spec, arch: str, function, info: BuildInfo):
         super().__init__(spec, arch, function, info)
-        # Mask expressions: per-call key-tile ranges, memoised by sizes and scalars when the mask reads no tensor.
-        self._tile_ranges: dict[tuple, torch.Tensor] = {}
+        # Mask expressions: per-call key-tile lists, memoised by sizes and scalars when the mask reads no tensor.
+        self._tile_lists: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs=None):
         out, lse = self.forward(q, k, v, inputs=inputs)
@@ -85,29 +85,31 @@ class Kernel(CompiledKernel):
         extra, bound = self._input_arguments(q, k, inputs)
         if seqlen_q > 0:
             if self.spec.mask_expr is not None:
-                extra.append(self._key_tile_ranges(q, k, bound))
+                extra.append(self._key_tile_lists(q, k, bound))
             self._function(q, k, v, out, lse, *extra)
         return out, lse
 
-    def _key_tile_ranges(self, q: torch.Tensor, k: torch.Tensor, bound: dict) -> torch.Tensor:
-        """(batch, heads_q, query tiles, 2) int32 key-tile ranges of the mask expression for this call."""
-        from .variant.tiles import classify_tiles, key_tile_ranges
+    def _key_tile_lists(self, q: torch.Tensor, k: torch.Tensor, bound: dict) -> torch.Tensor:
+        """The key tiles each query tile visits under the mask expression, for this call
+        (`fa_gen.variant.tiles.key_tile_lists`, on q's device)."""
+        from .variant.tiles import classify_tiles, key_tile_lists
 
         spec = self.spec
         batch, seqlen_q, heads_q, _ = q.shape
+        seqlen_k = k.shape[1]
         data_dependent = any(not d.is_scalar for d in spec.inputs)
-        key = (batch, heads_q, seqlen_q, k.shape[1], q.device,
+        key = (batch, heads_q, seqlen_q, seqlen_k, q.device,
                tuple(bound[d.name] for d in spec.inputs if d.is_scalar))
-        ranges = None if data_dependent else self._tile_ranges.get(key)
-        if ranges is None:
+        lists = None if data_dependent else self._tile_lists.get(key)
+        if lists is None:
             tile_m, tile_n = archs.family_named(self.info.family).forward_tiles(spec, self.arch)
             codes = classify_tiles(spec.mask_tree, spec.inputs, bound, batch=batch, heads_q=heads_q,
-                                   seqlen_q=seqlen_q, seqlen_k=k.shape[1], tile_m=tile_m, tile_n=tile_n,
+                                   seqlen_q=seqlen_q, seqlen_k=seqlen_k, tile_m=tile_m, tile_n=tile_n,
                                    device=q.device)
-            ranges = key_tile_ranges(codes, batch, heads_q)
+            lists = key_tile_lists(codes, seqlen_k, tile_n)
             if not data_dependent:
-                self._tile_ranges[key] = ranges
-        return ranges
+                self._tile_lists[key] = lists
+        return lists
 
     def _input_arguments(self, q: torch.Tensor, k: torch.Tensor, inputs) -> tuple[list, dict]:
         """The kernel's arguments after lse (every declared input, checked, in declared order),

@@ -1,4 +1,4 @@
-"""L1: every forward variant against the float64 reference on a CUDA GPU.
+"""L1: every forward variant, in every CuTe DSL family serving the GPU, against the float64 reference.
 
 Run on a GPU machine:  python -m pytest -m gpu tests/test_gpu_forward.py
 Kernels are compiled once per variant (in parallel first, by `fa_gen.precompile`,
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fa_gen.check import Shape, check_kernel
 
-from .variants import variant_specs
+from .variants import cute_dsl_families, variant_specs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,15 +28,17 @@ SPECS = variant_specs()
 
 @pytest.fixture(scope="module")
 def kernels():
+    """(variant name, family) -> Kernel; on an H200 both the Hopper and the Ampere-class family."""
     from fa_gen.runtime import build, current_arch
 
     arch = current_arch()
     jobs = int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0"))
+    triples = [(spec, arch, family) for spec in SPECS for family in cute_dsl_families(arch)]
     if jobs > 1:
         from fa_gen.precompile import precompile
 
-        precompile([(spec, arch) for spec in SPECS], jobs=jobs)
-    return {spec.name: build(spec, arch) for spec in SPECS}
+        precompile(triples, jobs=jobs)
+    return {(spec.name, family): build(spec, arch, family=family) for spec, arch, family in triples}
 
 
 shapes = st.builds(
@@ -47,10 +49,11 @@ shapes = st.builds(
 
 @settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "150")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(name=st.sampled_from([s.name for s in SPECS]), shape=shapes, seed=st.integers(0, 2**31 - 1))
-def test_forward_matches_reference(kernels, name, shape, seed):
-    result = check_kernel(kernels[name], shape, seed=seed)
-    assert result.ok, f"{name}: {result}"
+@given(data=st.data(), shape=shapes, seed=st.integers(0, 2**31 - 1))
+def test_forward_matches_reference(kernels, data, shape, seed):
+    key = data.draw(st.sampled_from(sorted(kernels)), label="variant, family")
+    result = check_kernel(kernels[key], shape, seed=seed)
+    assert result.ok, f"{key}: {result}"
 
 
 # Shapes that stress the edges on purpose: tails of every size, seqlen_q > seqlen_k
@@ -59,8 +62,11 @@ EDGE_SHAPES = [Shape(1, 1, 1, 1, 1), Shape(2, 257, 1000, 6, 2), Shape(1, 1000, 2
                Shape(3, 1, 2048, 4, 4), Shape(1, 2048, 1, 2, 2), Shape(2, 129, 127, 16, 2)]
 
 
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
 @pytest.mark.parametrize("name", [s.name for s in SPECS])
-def test_edge_shapes(kernels, name):
-    failures = [str(r) for r in (check_kernel(kernels[name], shape, seed=i)
+def test_edge_shapes(kernels, name, family):
+    if (name, family) not in kernels:
+        pytest.skip(f"family {family} does not serve this GPU")
+    failures = [str(r) for r in (check_kernel(kernels[(name, family)], shape, seed=i)
                                  for i, shape in enumerate(EDGE_SHAPES)) if not r.ok]
-    assert not failures, f"{name}:\n" + "\n".join(failures)
+    assert not failures, f"{name} ({family}):\n" + "\n".join(failures)

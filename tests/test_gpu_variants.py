@@ -19,6 +19,8 @@ from fa_gen import generate
 from fa_gen.check import Shape, check_kernel
 from fa_gen.variant.bind import TORCH_DTYPES
 
+from .variants import cute_dsl_families
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (L1)"),
@@ -56,15 +58,17 @@ def random_aux_inputs(spec, shape: Shape, generator: torch.Generator) -> dict:
 
 @pytest.fixture(scope="module")
 def kernels():
+    """(spec name, family) -> Kernel, for every expression spec and family on this GPU."""
     from fa_gen.runtime import build, current_arch
 
     arch = current_arch()
     jobs = int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0"))
+    triples = [(spec, arch, family) for spec in SPECS for family in cute_dsl_families(arch, expressions=True)]
     if jobs > 1:
         from fa_gen.precompile import precompile
 
-        precompile([(spec, arch) for spec in SPECS], jobs=jobs)
-    return {spec.name: build(spec, arch) for spec in SPECS}
+        precompile(triples, jobs=jobs)
+    return {(spec.name, family): build(spec, arch, family=family) for spec, arch, family in triples}
 
 
 def _check(kernel, shape: Shape, seed: int):
@@ -80,17 +84,22 @@ shapes = st.builds(
 
 @settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "150")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(name=st.sampled_from([s.name for s in SPECS]), shape=shapes, seed=st.integers(0, 2**31 - 1))
-def test_expression_forward_matches_reference(kernels, name, shape, seed):
-    result = _check(kernels[name], shape, seed)
-    assert result.ok, f"{name}: {result}"
+@given(data=st.data(), shape=shapes, seed=st.integers(0, 2**31 - 1))
+def test_expression_forward_matches_reference(kernels, data, shape, seed):
+    key = data.draw(st.sampled_from(sorted(kernels)), label="spec, family")
+    result = _check(kernels[key], shape, seed)
+    assert result.ok, f"{key}: {result}"
 
 
 EDGE_SHAPES = [Shape(1, 1, 1, 1, 1), Shape(2, 257, 1000, 6, 2), Shape(1, 1000, 257, 8, 1),
                Shape(1, 2048, 1, 2, 2), Shape(2, 129, 127, 16, 2)]
 
 
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
 @pytest.mark.parametrize("name", [s.name for s in SPECS])
-def test_expression_edge_shapes(kernels, name):
-    failures = [str(r) for r in (_check(kernels[name], shape, i) for i, shape in enumerate(EDGE_SHAPES)) if not r.ok]
-    assert not failures, f"{name}:\n" + "\n".join(failures)
+def test_expression_edge_shapes(kernels, name, family):
+    if (name, family) not in kernels:
+        pytest.skip(f"family {family} does not serve this GPU")
+    kernel = kernels[(name, family)]
+    failures = [str(r) for r in (_check(kernel, shape, i) for i, shape in enumerate(EDGE_SHAPES)) if not r.ok]
+    assert not failures, f"{name} ({family}):\n" + "\n".join(failures)

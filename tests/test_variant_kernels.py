@@ -1,5 +1,5 @@
-"""Expression specs in the sm80 forward template (L0, CPU): what renders, what is refused,
-and the per-call key-tile ranges the runtime passes for mask expressions.
+"""Expression specs in the CuTe DSL forward templates (sm80, sm90) (L0, CPU): what renders,
+what is refused, and the per-call key-tile lists the runtime passes for mask expressions.
 
 Compiling every shipped expression spec is test_compile's job (they are shipped specs);
 exactness on a GPU is tests/test_gpu_variants.py.
@@ -18,18 +18,21 @@ from fa_gen.spec_load import load_spec
 from fa_gen.variant.emit_cute import emit_cute
 from fa_gen.variant.parse import parse
 from fa_gen.variant.language import Role
-from fa_gen.variant.tiles import classify_tiles, key_tile_ranges
+from fa_gen.variant.tiles import LIST_HEADER, LIST_PAD, classify_tiles, key_tile_lists
 from tests.variants import variant_library_paths
 
 EXPRESSION_SPECS = [s for s in generate.shipped_specs() if s.uses_expressions]
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("spec", EXPRESSION_SPECS, ids=[s.name for s in EXPRESSION_SPECS])
-def test_expression_specs_render_with_their_arguments(spec):
-    text = render(spec, "sm_80").text
+def test_expression_specs_render_with_their_arguments(spec, arch):
+    rendered = render(spec, arch)
+    assert rendered.family == {"sm_80": "sm80", "sm_90a": "sm90"}[arch]
+    text = rendered.text
     for decl in spec.inputs:
         assert f"x_{decl.name}: " in text, decl.name
-    assert ("mTileRange" in text) == (spec.mask_expr is not None)
+    assert ("mTileList" in text) == (spec.mask_expr is not None)
     assert ("apply_score_mod" in text) == (spec.score_mod_expr is not None)
 
 
@@ -57,21 +60,30 @@ def test_loop_invariant_division_becomes_a_hoisted_reciprocal():
 @pytest.mark.parametrize("name, values", [("sliding_window_causal", {"window": 20}),
                                           ("chunked_causal", {"chunk": 24}),
                                           ("attention_sinks", {"window": 30, "sink_tokens": 3})])
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(100, 100), (70, 130), (130, 70)])
-def test_key_tile_ranges_hold_every_visible_key(name, values, seqlen_q, seqlen_k):
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(100, 100), (70, 130), (130, 70), (96, 64)])
+def test_key_tile_lists_visit_every_visible_key_and_mask_every_cut_tile(name, values, seqlen_q, seqlen_k):
     spec = load_spec(variant_library_paths()[name], check_archs=False)
     tile_m, tile_n = 16, 8
+    num_n = -(-seqlen_k // tile_n)
     codes = classify_tiles(spec.mask_tree, spec.inputs, values, batch=2, heads_q=3, seqlen_q=seqlen_q,
                            seqlen_k=seqlen_k, tile_m=tile_m, tile_n=tile_n)
-    ranges = key_tile_ranges(codes, 2, 3)
-    assert ranges.shape == (2, 3, -(-seqlen_q // tile_m), 2) and ranges.dtype == torch.int32
-    visible = visibility(spec, seqlen_q, seqlen_k, batch=2, heads_q=3, inputs=values)
-    keys = torch.arange(seqlen_k)
-    for m in range(ranges.shape[2]):
-        lo, hi = (int(x) for x in ranges[0, 0, m])
-        rows = visible[0, 0, m * tile_m:(m + 1) * tile_m]
-        inside = (keys >= lo * tile_n) & (keys < hi * tile_n)
-        assert not (rows & ~inside).any(), (m, lo, hi)
-        if rows.any():  # tight at the ends: the first and last tile of the range hold a visible key
-            seen = rows.any(dim=0)
-            assert seen[lo * tile_n:(lo + 1) * tile_n].any() and seen[(hi - 1) * tile_n:hi * tile_n].any()
+    lists = key_tile_lists(codes, seqlen_k, tile_n)
+    assert lists.shape == (1, 1, -(-seqlen_q // tile_m), LIST_HEADER + num_n + LIST_PAD)
+    assert lists.dtype == torch.int32
+    visible = visibility(spec, seqlen_q, seqlen_k, batch=2, heads_q=3, inputs=values)[0, 0]
+    for m in range(lists.shape[2]):
+        n_masked, n_visit, *tiles = (int(x) for x in lists[0, 0, m])
+        listed, padding = tiles[:n_visit], tiles[n_visit:]
+        assert padding == [-1] * len(padding) and len(set(listed)) == n_visit
+        masked, whole = listed[:n_masked], listed[n_masked:]
+        assert masked == sorted(masked, reverse=True) and whole == sorted(whole, reverse=True)
+        rows = visible[m * tile_m:(m + 1) * tile_m]
+        seen = [bool(rows[:, n * tile_n:(n + 1) * tile_n].any()) for n in range(num_n)]
+        # Every tile holding a visible key is visited; a tile visited without a mask holds only
+        # visible keys; a tile holding the seqlen_k tail takes the mask and comes first.
+        assert {n for n in range(num_n) if seen[n]} <= set(listed), m
+        for n in whole:
+            assert rows[:, n * tile_n:(n + 1) * tile_n].all(), (m, n)
+            assert (n + 1) * tile_n <= seqlen_k
+        if seqlen_k % tile_n and num_n - 1 in listed:
+            assert listed[0] == num_n - 1

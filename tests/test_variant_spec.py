@@ -114,6 +114,14 @@ def test_invalid_variant_field_names_line_and_field(text, line, field, fragment)
     assert str(error).startswith(f"specs/v.yaml:{line}: {field}: ") and fragment in str(error), str(error)
 
 
+def test_an_input_written_in_a_branch_that_folds_away_may_be_declared():
+    # The folded tree no longer reads kdoc, but the text names it: undeclared it would be an
+    # unknown name, so declaring it cannot be an error either.
+    spec = load_text('mask: {expr: "where(1 > 2, kdoc[b, kv_idx] == 0, kv_idx <= q_idx)"}\ninputs:\n'
+                     "  kdoc: {shape: [batch, seqlen_k], dtype: int32}\n")
+    assert [d.name for d in spec.inputs] == ["kdoc"]
+
+
 # --- archs and identity ------------------------------------------------------------------------------------
 
 def test_check_archs_off_keeps_listed_archs_in_registry_order():

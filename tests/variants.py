@@ -48,3 +48,12 @@ def variant_library_paths():
     library = list((specs_dir() / "library").glob("*.yaml"))
     shipped = [p for p in specs_dir().glob("*.yaml") if load_spec(p, check_archs=False).uses_expressions]
     return {p.stem: p for p in sorted(library + shipped, key=lambda p: p.stem)}
+
+
+def cute_dsl_families(arch: str, expressions: bool = False) -> list[str]:
+    """The CuTe DSL families serving `arch` (on an H200: sm90, then sm80), in registry order;
+    with `expressions`, only those whose forward takes mask and score expressions."""
+    from fa_gen.families import REGISTRY
+
+    return [f.name for f in REGISTRY if arch in f.archs and f.backend == "cute_dsl"
+            and (f.supports_expressions or not expressions)]

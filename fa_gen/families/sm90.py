@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from ..archs import arch_info
 from ..spec import DType, Spec
 from .base import Family, dtype_and_head_dim_reasons
+from .expressions import expression_context, expression_reasons
 
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 
@@ -98,13 +99,19 @@ class Sm90Family(Family):
     archs = ("sm_90a",)
     backend = "cute_dsl"
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks")
+    # Score mods and mask expressions in the forward (sink logits refused in spec_reasons).
+    supports_expressions = True
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
         reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), HEAD_DIMS)
         # Tile checks only mean something for a head dim the kernel takes.
         if (spec.head_dim_qk, spec.head_dim_v) in HEAD_DIMS:
             reasons.extend(_tile_reasons(tile_config(spec), spec, arch))
-        return reasons
+        return reasons + expression_reasons(spec)
+
+    def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
+        cfg = tile_config(spec)
+        return cfg.tile_m, cfg.tile_n
 
     def render_context(self, spec: Spec, arch: str) -> dict:
         cfg = tile_config(spec)
@@ -126,6 +133,8 @@ class Sm90Family(Family):
             "l2_kv_bytes": cfg.l2_kv_mb * 1024 * 1024,
             # Causal-like masks: later query tiles see more keys, so the scheduler hands them out first.
             "longest_first": spec.window_left is None and spec.window_right is not None,
+            # None unless the spec has expressions (then: their emitted code and extra arguments).
+            "expr": expression_context(spec),
         }
 
 

@@ -51,6 +51,12 @@ def parse_cached(text: str, role: Role, inputs: tuple[InputDecl, ...] = ()) -> N
     return parse(text, role, inputs)
 
 
+def names_written(text: str) -> frozenset[str]:
+    """Every name the text of a valid expression spells out, read or not once folded (an input
+    inside a branch that folds away is still written: declaring it is not an error)."""
+    return frozenset(n.id for n in ast.walk(ast.parse(_one_line(text).lstrip(), mode="eval")) if isinstance(n, ast.Name))
+
+
 def canonical(text: str) -> str:
     """One spelling per expression (spacing, redundant parentheses dropped): part of a spec's identity."""
     return ast.unparse(ast.parse(_one_line(text).lstrip(), mode="eval").body)

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from .. import spec_load as sl
 from .inputs import SCALAR_TYPES, TENSOR_DTYPES, InputDecl
 from .language import SHAPE_SYMBOLS, Role, reserved_names
-from .parse import ExprError, canonical, parse
-from .tree import names_used
+from .parse import ExprError, canonical, names_written, parse
 
 INPUT_NAME_PATTERN = r"[a-z_][a-z0-9_]*"
 TENSOR_KEYS = ("shape", "dtype", "min", "max")
@@ -150,11 +149,11 @@ def read_expr(node, role: Role, inputs: tuple[InputDecl, ...]) -> str:
 
 
 def check_inputs_used(top, inputs: tuple[InputDecl, ...], texts: dict[Role, str | None]) -> None:
-    """Every declared input is read by some expression (an unused one is a typo or a leftover)."""
+    """Every declared input is named by some expression (an unused one is a typo or a leftover)."""
     used = set()
-    for role, text in texts.items():
+    for text in texts.values():
         if text is not None:
-            used |= names_used(parse(text, role, inputs))
+            used |= names_written(text)
     for decl in inputs:
         if decl.name not in used:
             node = top.child("inputs")

@@ -137,15 +137,39 @@ def _to_grid(x: torch.Tensor, axes: list) -> torch.Tensor:
     return x.reshape(shape)
 
 
-def key_tile_ranges(codes: torch.Tensor, batch: int, heads_q: int) -> torch.Tensor:
-    """int32 (batch, heads_q, query tiles, 2): per query tile, the key tiles [lo, hi) from its
-    first to its last tile that is not NEVER (hi <= lo: the tile sees no key), from
-    `classify_tiles` codes. Tiles inside the range may still be NEVER; a kernel that masks
-    every tile it visits stays exact."""
+# Columns of a key-tile list row before the tile indices: (masked tiles, all visited tiles).
+LIST_HEADER = 2
+# -1 entries after the last key tile's column: a kernel reads the entries one and two places
+# ahead of the tile it is on (its prefetches) without bounds checks.
+LIST_PAD = 2
+
+
+def key_tile_lists(codes: torch.Tensor, seqlen_k: int, tile_n: int) -> torch.Tensor:
+    """int32 (batch or 1, heads_q or 1, query tiles, 2 + key tiles): per query tile, the key tiles
+    a kernel visits, from `classify_tiles` codes.
+
+    Row layout: [n_masked, n_visit, tile_0, tile_1, ..., -1, ...]. tile_0 .. tile_{n_masked-1} take the
+    element mask (MAYBE), highest index first; tile_{n_masked} .. tile_{n_visit-1} are ALWAYS
+    visible (no element mask), highest first; NEVER tiles are left out (never loaded). Entries
+    past n_visit are -1, and every row ends in LIST_PAD more. A key tile holding the seqlen_k tail is MAYBE whatever the mask
+    says (its keys past seqlen_k need the bounds check), and, being the highest visited tile,
+    comes first: kernels bounds-check only their first tile. The batch (head) axis keeps size 1
+    when the codes do (mask independent of b / h): kernels index it with min(b, size - 1).
+    """
+    codes = codes.to(torch.int32)
+    if seqlen_k % tile_n:
+        tail = codes[..., -1]
+        codes = codes.clone()
+        codes[..., -1] = torch.where(tail == int(Tri.ALWAYS), int(Tri.MAYBE), tail)
     num_n = codes.shape[-1]
-    visible = codes != int(Tri.NEVER)
-    index = torch.arange(num_n, device=codes.device, dtype=torch.int32)
-    lo = torch.where(visible, index, num_n).amin(dim=-1)
-    hi = torch.where(visible, index + 1, 0).amax(dim=-1)
-    ranges = torch.stack([lo, hi], dim=-1).to(torch.int32)
-    return ranges.expand(batch, heads_q, *ranges.shape[2:]).contiguous()
+    masked, always = codes == int(Tri.MAYBE), codes == int(Tri.ALWAYS)
+    # Sort key: masked tiles, then always-visible ones, then never-visible ones; descending index in each.
+    group = torch.where(masked, 0, torch.where(always, 1, 2))
+    descending = num_n - 1 - torch.arange(num_n, device=codes.device, dtype=torch.int32)
+    order = torch.argsort(group * num_n + descending, dim=-1).to(torch.int32)
+    n_masked = masked.sum(dim=-1, dtype=torch.int32)
+    n_visit = n_masked + always.sum(dim=-1, dtype=torch.int32)
+    position = torch.arange(num_n + LIST_PAD, device=codes.device, dtype=torch.int32)
+    order = torch.nn.functional.pad(order, (0, LIST_PAD))
+    order = torch.where(position < n_visit[..., None], order, -1)
+    return torch.cat([n_masked[..., None], n_visit[..., None], order], dim=-1).to(torch.int32).contiguous()

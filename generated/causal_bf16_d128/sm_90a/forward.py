@@ -381,8 +381,9 @@ class FlashAttentionForward:
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                 pipeline_q, pipeline_k, pipeline_v, sched):
-        """K[hi-1] and Q of each tile; then K[n] with V[n+1] for n = hi-2 .. lo; then V[lo]:
-        the order the consumers' overlapped main loop takes them in."""
+        """Per tile, with t_0, t_1, ... the key tiles in the order visited: K[t_0] and Q; then
+        K[t_(i+1)] with V[t_i]; then V of the last: the order the consumers' overlapped main
+        loop takes them in."""
         num_m_blocks, group_heads, num_tiles = sched
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
@@ -413,6 +414,7 @@ class FlashAttentionForward:
             # Keep lo <= free_lo <= free_hi <= hi.
             n_block_free_hi = cutlass.max(cutlass.min(n_block_free_hi, n_block_hi), n_block_lo)
             n_block_free_lo = cutlass.max(cutlass.min(n_block_free_lo, n_block_free_hi), n_block_lo)
+            num_visits = n_block_hi - n_block_lo
 
             # (tile_m, head_dim_qk)
             gQ = cute.local_tile(mQ[None, None, head, batch], (TILE_M, HEAD_DIM_QK), (m_block, 0))
@@ -427,13 +429,13 @@ class FlashAttentionForward:
             # The first K tile goes before Q: its stage may be free while Q's buffer still holds
             # the previous tile's O. Q is loaded even for a tile that sees no key: the consumers
             # then own Q's buffer (and O's, when O shares it) by the same protocol on every tile.
-            if n_block_hi > n_block_lo:
+            if num_visits > 0:
                 self.load_stage(tma_atom_K, tKgK, tKsK, n_block_hi - 1, pipeline_k, kv_state)
             pipeline_q.producer_acquire(q_state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
             q_state.advance()
-            if n_block_hi > n_block_lo:
-                for i in cutlass.range(n_block_hi - 1 - n_block_lo, unroll=1):
+            if num_visits > 0:
+                for i in cutlass.range(num_visits - 1, unroll=1):
                     v_state = kv_state.clone()
                     kv_state.advance()
                     self.load_stage(tma_atom_K, tKgK, tKsK, n_block_hi - 2 - i, pipeline_k, kv_state)
@@ -557,13 +559,14 @@ class FlashAttentionForward:
         # Keep lo <= free_lo <= free_hi <= hi.
         n_block_free_hi = cutlass.max(cutlass.min(n_block_free_hi, n_block_hi), n_block_lo)
         n_block_free_lo = cutlass.max(cutlass.min(n_block_free_lo, n_block_free_hi), n_block_lo)
+        num_visits = n_block_hi - n_block_lo
         ops.acc_O.fill(0.0)
         ops.row_max.fill(-Float32.inf)
         ops.row_sum.fill(0.0)
         # The first step sets no factor: the first rescale (of O = 0) multiplies by 1.
         ops.row_scale.fill(1.0)
         ops.pipeline_q.consumer_wait(q_state)
-        if n_block_hi > n_block_lo:
+        if num_visits > 0:
             tile_pos = (m_block, key_offset)
             kv_state = self.mainloop(ops, tile_pos, kv_state, q_state, n_block_lo, n_block_hi,
                                      n_block_free_lo, n_block_free_hi)
@@ -597,10 +600,7 @@ class FlashAttentionForward:
         for i in cutlass.range(cutlass.max(free_top - n_block_free_lo, 0), unroll=1):
             kv_state, v_pending = self.overlapped_step(ops, tile_pos, free_top - 1 - i, kv_state, v_pending, pending, False)
             pending = Boolean(True)
-        if const_expr(not O_SHARES_Q):
-            # Every Q K^T GEMM of this warpgroup has completed: the next tile's Q may come in.
-            ops.pipeline_q.consumer_release(q_state)
-        return self.last_step(ops, kv_state, v_pending, pending)
+        return self.last_step(ops, q_state, kv_state, v_pending, pending)
 
     @cute.jit
     def first_step(self, ops: Operands, tile_pos, n_block, kv_state):
@@ -666,8 +666,11 @@ class FlashAttentionForward:
                 o_mn[r, c] = o_mn[r, c] * row_scale[r]
 
     @cute.jit
-    def last_step(self, ops: Operands, kv_state, v_pending, pending):
+    def last_step(self, ops: Operands, q_state, kv_state, v_pending, pending):
         """O += P V for the last key tile visited."""
+        if const_expr(not O_SHARES_Q):
+            # Every Q K^T GEMM of this warpgroup has completed: the next tile's Q may come in.
+            ops.pipeline_q.consumer_release(q_state)
         self.finish_pv(ops, v_pending, pending)
         self.rescale_o(ops)
         ops.pipeline_v.consumer_wait(kv_state)

@@ -320,36 +320,50 @@ class FlashAttentionForward:
         return ops
 
     @cute.jit
-    def mainloop(self, ops: Operands, n_block_lo, n_block_hi, n_block_free_lo, n_block_free_hi):
-        """Visit key tiles n_block_hi - 1 down to n_block_lo: masked ones first, mask-free, masked."""
-        # Prologue: Q, the first key tile (the only one that may run past seqlen_k, so it is
-        # bounds-checked) and the next K tile; from here on one K and one V load stay in flight.
+    def prologue(self, ops: Operands, n_first, n_second, first_stage):
+        """Q, the first key tile into `first_stage` (the only tile that may run past seqlen_k, so
+        it is bounds-checked) and the second K tile into the other stage (none when n_second < 0);
+        from here on one K and one V load stay in flight. Consecutive tiles take the two stages
+        by turns."""
         self.load_q(ops)
         cute.arch.cp_async_commit_group()
-        n_first = n_block_hi - 1
-        self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_first, ops.seqlen_k, True)
+        self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_first, first_stage, ops.seqlen_k, True)
         cute.arch.cp_async_commit_group()
-        self.load_kv(ops.gmem_copy_V, ops.tVgV, ops.tVsV, ops.tVcV, ops.t0VcV, n_first, ops.seqlen_k, True)
+        self.load_kv(ops.gmem_copy_V, ops.tVgV, ops.tVsV, ops.tVcV, ops.t0VcV, n_first, first_stage, ops.seqlen_k, True)
         cute.arch.cp_async_commit_group()
-        if n_first - 1 >= n_block_lo:
-            self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_first - 1, ops.seqlen_k, False)
+        if n_second >= 0:
+            self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_second, 1 - first_stage,
+                         ops.seqlen_k, False)
         cute.arch.cp_async_commit_group()
 
+    @cute.jit
+    def mainloop(self, ops: Operands, n_block_lo, n_block_hi, n_block_free_lo, n_block_free_hi):
+        """Visit key tiles n_block_hi - 1 down to n_block_lo: masked ones first, mask-free, masked."""
+        n_first = n_block_hi - 1
+        self.prologue(ops, n_first, self.before(n_first, n_block_lo), n_first % NUM_STAGES)
         # The first tile always takes the masked path (it may be the seqlen_k tail).
-        self.step(ops, n_first, n_block_lo, True, True)
+        self.step(ops, n_first, self.before(n_first, n_block_lo), self.before(n_first - 1, n_block_lo),
+                  n_first % NUM_STAGES, True, True)
         # Interior: every row sees every key of the tile.
         free_top = cutlass.min(n_block_free_hi, n_first)
         for i in cutlass.range(cutlass.max(free_top - n_block_free_lo, 0), unroll=1):
-            self.step(ops, free_top - 1 - i, n_block_lo, False, False)
+            n = free_top - 1 - i
+            self.step(ops, n, self.before(n, n_block_lo), self.before(n - 1, n_block_lo), n % NUM_STAGES, False, False)
         # Nothing may still be writing shared memory when the epilogue reuses it.
         cute.arch.cp_async_wait_group(0)
 
     @cute.jit
+    def before(self, n_block, n_block_lo) -> Int32:
+        """The key tile visited after `n_block` (descending order), or -1 past the last."""
+        return n_block - 1 if n_block - 1 >= n_block_lo else Int32(-1)
+
+    @cute.jit
     def step(
-        self, ops: Operands, n_block, n_block_lo, is_first: cutlass.Constexpr, masked: cutlass.Constexpr
+        self, ops: Operands, n_block, n_next, n_after, stage, is_first: cutlass.Constexpr, masked: cutlass.Constexpr
     ):
-        """One key tile: S = Q K^T, mask, online softmax, O += P V; prefetch V[n-1] and K[n-2]."""
-        stage = n_block % NUM_STAGES
+        """One key tile, whose K and V sit in `stage`: S = Q K^T, mask, online softmax, O += P V;
+        prefetch V of the next tile visited (into the other stage) and K of the one after it
+        (into this one); none where those are -1."""
         # (MMA, MMA_M, MMA_N)
         acc_S = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
         acc_S.fill(0.0)
@@ -357,8 +371,8 @@ class FlashAttentionForward:
         # every warp is done with the V stage that the next load overwrites.
         cute.arch.cp_async_wait_group(2)
         cute.arch.barrier()
-        if n_block - 1 >= n_block_lo:
-            self.load_kv(ops.gmem_copy_V, ops.tVgV, ops.tVsV, ops.tVcV, ops.t0VcV, n_block - 1, ops.seqlen_k, False)
+        if n_next >= 0:
+            self.load_kv(ops.gmem_copy_V, ops.tVgV, ops.tVsV, ops.tVcV, ops.t0VcV, n_next, 1 - stage, ops.seqlen_k, False)
         cute.arch.cp_async_commit_group()
         gemm_from_smem(
             ops.tiled_mma, acc_S, ops.tSrQ, ops.tSrK, ops.tSsQ, ops.tSsK[None, None, None, stage],
@@ -374,8 +388,8 @@ class FlashAttentionForward:
         # V[n] has landed, and every warp is done reading K[n]'s stage, which K[n-2] now takes.
         cute.arch.cp_async_wait_group(2)
         cute.arch.barrier()
-        if n_block - 2 >= n_block_lo:
-            self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_block - 2, ops.seqlen_k, False)
+        if n_after >= 0:
+            self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_after, stage, ops.seqlen_k, False)
         cute.arch.cp_async_commit_group()
         gemm_a_in_registers(
             ops.tiled_mma, ops.acc_O, scores_as_operand_a(rP), ops.tOrVt, ops.tOsVt[None, None, None, stage],
@@ -445,11 +459,10 @@ class FlashAttentionForward:
 
     @cute.jit
     def load_kv(
-        self, gmem_copy, tXgX, tXsX, tXcX, t0XcX, n_block, seqlen_k, bounds_checked: cutlass.Constexpr
+        self, gmem_copy, tXgX, tXsX, tXcX, t0XcX, n_block, stage, seqlen_k, bounds_checked: cutlass.Constexpr
     ):
-        """cp.async key tile n_block of K or V into its stage; with bounds checks, rows past
-        seqlen_k are zero-filled (0 * garbage could be NaN in P @ V)."""
-        stage = n_block % NUM_STAGES
+        """cp.async key tile n_block of K or V into shared-memory stage `stage`; with bounds
+        checks, rows past seqlen_k are zero-filled (0 * garbage could be NaN in P @ V)."""
         if const_expr(bounds_checked):
             row_limit = seqlen_k - n_block * TILE_N - tXcX[0][0]
             for n in cutlass.range_constexpr(cute.size(tXsX.shape[1])):

@@ -121,7 +121,7 @@ class FlashAttentionForward:
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         x_window: Int32,
-        mTileRange: cute.Tensor,
+        mTileList: cute.Tensor,
         stream: cuda.CUstream,
     ):
         """mQ/mO (b, seqlen_q, heads_q, d), mK/mV (b, seqlen_k, heads_kv, d), mLSE (b, heads_q, seqlen_q)."""
@@ -161,7 +161,7 @@ class FlashAttentionForward:
             mO,
             mLSE,
             x_window,
-            mTileRange,
+            mTileList,
             sQ_layout,
             sK_layout,
             sV_layout,
@@ -198,7 +198,7 @@ class FlashAttentionForward:
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         x_window: Int32,
-        mTileRange: cute.Tensor,
+        mTileList: cute.Tensor,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -228,12 +228,10 @@ class FlashAttentionForward:
         # Keep lo <= free_lo <= free_hi <= hi.
         n_block_free_hi = cutlass.max(cutlass.min(n_block_free_hi, n_block_hi), n_block_lo)
         n_block_free_lo = cutlass.max(cutlass.min(n_block_free_lo, n_block_free_hi), n_block_lo)
-        # A mask expression: key tiles [lo, hi) classified per call from the mask's intervals
-        # (fa_gen.variant.tiles); every tile in the range takes the element mask.
-        n_block_lo = mTileRange[batch, head, m_block, 0]
-        n_block_hi = mTileRange[batch, head, m_block, 1]
-        n_block_free_lo = n_block_lo
-        n_block_free_hi = n_block_hi
+        # A mask expression: the key tiles to visit, classified per call from the mask's
+        # intervals (fa_gen.variant.tiles.key_tile_lists): [n_masked, n_visit, tiles..., -1...].
+        tiles = mTileList[cutlass.min(batch, mTileList.shape[0] - 1), cutlass.min(head, mTileList.shape[1] - 1),
+                          m_block, None]
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -265,8 +263,8 @@ class FlashAttentionForward:
         ops.row_sum = row_sum
 
         # An empty key range loads nothing: O = 0 and LSE = -inf fall out of the epilogue.
-        if n_block_hi > n_block_lo:
-            self.mainloop(ops, n_block_lo, n_block_hi, n_block_free_lo, n_block_free_hi)
+        if tiles[1] > 0:
+            self.mainloop_listed(ops, tiles)
         self.epilogue(ops, mO, mLSE, sO_layout, gmem_copy_O, tiled_mma, tidx, m_block, head, batch)
 
     @cute.jit
@@ -337,36 +335,46 @@ class FlashAttentionForward:
         return ops
 
     @cute.jit
-    def mainloop(self, ops: Operands, n_block_lo, n_block_hi, n_block_free_lo, n_block_free_hi):
-        """Visit key tiles n_block_hi - 1 down to n_block_lo: masked ones first, mask-free, masked."""
-        # Prologue: Q, the first key tile (the only one that may run past seqlen_k, so it is
-        # bounds-checked) and the next K tile; from here on one K and one V load stay in flight.
+    def prologue(self, ops: Operands, n_first, n_second, first_stage):
+        """Q, the first key tile into `first_stage` (the only tile that may run past seqlen_k, so
+        it is bounds-checked) and the second K tile into the other stage (none when n_second < 0);
+        from here on one K and one V load stay in flight. Consecutive tiles take the two stages
+        by turns."""
         self.load_q(ops)
         cute.arch.cp_async_commit_group()
-        n_first = n_block_hi - 1
-        self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_first, ops.seqlen_k, True)
+        self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_first, first_stage, ops.seqlen_k, True)
         cute.arch.cp_async_commit_group()
-        self.load_kv(ops.gmem_copy_V, ops.tVgV, ops.tVsV, ops.tVcV, ops.t0VcV, n_first, ops.seqlen_k, True)
+        self.load_kv(ops.gmem_copy_V, ops.tVgV, ops.tVsV, ops.tVcV, ops.t0VcV, n_first, first_stage, ops.seqlen_k, True)
         cute.arch.cp_async_commit_group()
-        if n_first - 1 >= n_block_lo:
-            self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_first - 1, ops.seqlen_k, False)
+        if n_second >= 0:
+            self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_second, 1 - first_stage,
+                         ops.seqlen_k, False)
         cute.arch.cp_async_commit_group()
 
-        # The first tile always takes the masked path (it may be the seqlen_k tail).
-        self.step(ops, n_first, n_block_lo, True, True)
-        # A mask expression: every key tile takes the element mask.
-        free_top = cutlass.min(n_block_free_hi, n_first)
-        for i in cutlass.range(cutlass.max(free_top - n_block_free_lo, 0), unroll=1):
-            self.step(ops, free_top - 1 - i, n_block_lo, False, True)
+    @cute.jit
+    def mainloop_listed(self, ops: Operands, tiles: cute.Tensor):
+        """Visit the listed key tiles: the element-masked ones (the first of them may hold the
+        seqlen_k tail), then the always-visible ones without a mask."""
+        n_masked = tiles[0]
+        n_visit = tiles[1]
+        # Stages go by position in the list (tile indices need not alternate in parity).
+        self.prologue(ops, tiles[2], tiles[3], 0)
+        # The first tile always takes the masked path.
+        self.step(ops, tiles[2], tiles[3], tiles[4], 0, True, True)
+        for i in cutlass.range(1, n_masked, unroll=1):
+            self.step(ops, tiles[2 + i], tiles[3 + i], tiles[4 + i], i % NUM_STAGES, False, True)
+        for i in cutlass.range(cutlass.max(n_masked, 1), n_visit, unroll=1):
+            self.step(ops, tiles[2 + i], tiles[3 + i], tiles[4 + i], i % NUM_STAGES, False, False)
         # Nothing may still be writing shared memory when the epilogue reuses it.
         cute.arch.cp_async_wait_group(0)
 
     @cute.jit
     def step(
-        self, ops: Operands, n_block, n_block_lo, is_first: cutlass.Constexpr, masked: cutlass.Constexpr
+        self, ops: Operands, n_block, n_next, n_after, stage, is_first: cutlass.Constexpr, masked: cutlass.Constexpr
     ):
-        """One key tile: S = Q K^T, mask, online softmax, O += P V; prefetch V[n-1] and K[n-2]."""
-        stage = n_block % NUM_STAGES
+        """One key tile, whose K and V sit in `stage`: S = Q K^T, mask, online softmax, O += P V;
+        prefetch V of the next tile visited (into the other stage) and K of the one after it
+        (into this one); none where those are -1."""
         # (MMA, MMA_M, MMA_N)
         acc_S = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
         acc_S.fill(0.0)
@@ -374,8 +382,8 @@ class FlashAttentionForward:
         # every warp is done with the V stage that the next load overwrites.
         cute.arch.cp_async_wait_group(2)
         cute.arch.barrier()
-        if n_block - 1 >= n_block_lo:
-            self.load_kv(ops.gmem_copy_V, ops.tVgV, ops.tVsV, ops.tVcV, ops.t0VcV, n_block - 1, ops.seqlen_k, False)
+        if n_next >= 0:
+            self.load_kv(ops.gmem_copy_V, ops.tVgV, ops.tVsV, ops.tVcV, ops.t0VcV, n_next, 1 - stage, ops.seqlen_k, False)
         cute.arch.cp_async_commit_group()
         gemm_from_smem(
             ops.tiled_mma, acc_S, ops.tSrQ, ops.tSrK, ops.tSsQ, ops.tSsK[None, None, None, stage],
@@ -391,8 +399,8 @@ class FlashAttentionForward:
         # V[n] has landed, and every warp is done reading K[n]'s stage, which K[n-2] now takes.
         cute.arch.cp_async_wait_group(2)
         cute.arch.barrier()
-        if n_block - 2 >= n_block_lo:
-            self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_block - 2, ops.seqlen_k, False)
+        if n_after >= 0:
+            self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_after, stage, ops.seqlen_k, False)
         cute.arch.cp_async_commit_group()
         gemm_a_in_registers(
             ops.tiled_mma, ops.acc_O, scores_as_operand_a(rP), ops.tOrVt, ops.tOsVt[None, None, None, stage],
@@ -462,11 +470,10 @@ class FlashAttentionForward:
 
     @cute.jit
     def load_kv(
-        self, gmem_copy, tXgX, tXsX, tXcX, t0XcX, n_block, seqlen_k, bounds_checked: cutlass.Constexpr
+        self, gmem_copy, tXgX, tXsX, tXcX, t0XcX, n_block, stage, seqlen_k, bounds_checked: cutlass.Constexpr
     ):
-        """cp.async key tile n_block of K or V into its stage; with bounds checks, rows past
-        seqlen_k are zero-filled (0 * garbage could be NaN in P @ V)."""
-        stage = n_block % NUM_STAGES
+        """cp.async key tile n_block of K or V into shared-memory stage `stage`; with bounds
+        checks, rows past seqlen_k are zero-filled (0 * garbage could be NaN in P @ V)."""
         if const_expr(bounds_checked):
             row_limit = seqlen_k - n_block * TILE_N - tXcX[0][0]
             for n in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
@@ -536,7 +543,7 @@ class FlashAttentionForward:
 
 
 def compile_arguments():
-    """Fake (q, k, v, o, lse, the spec's inputs in declared order, key tile ranges, stream) for cute.compile: every size and stride is a runtime value."""
+    """Fake (q, k, v, o, lse, the spec's inputs in declared order, key tile lists, stream) for cute.compile: every size and stride is a runtime value."""
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = (cute.sym_int() for _ in range(5))
 
     def bshd(seqlen, heads, head_dim):
@@ -551,7 +558,7 @@ def compile_arguments():
     lse = make_fake_compact_tensor(Float32, (batch, heads_q, seqlen_q), stride_order=(2, 1, 0), assumed_align=4)
     inputs = (
         Int32(0),
-        # (batch, heads_q, query tiles, 2): key tiles [lo, hi) per query tile.
-        make_fake_compact_tensor(Int32, (batch, heads_q, cute.sym_int(), 2), stride_order=(3, 2, 1, 0), assumed_align=4),
-    )
+        # (batch or 1, heads_q or 1, query tiles, 2 + key tiles + 2): the key tiles each query tile visits.
+        make_fake_compact_tensor(Int32, tuple(cute.sym_int() for _ in range(4)), stride_order=(3, 2, 1, 0), assumed_align=4),
+)
     return q, k, v, o, lse, *inputs, make_fake_stream(use_tvm_ffi_env_stream=True)
