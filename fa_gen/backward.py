@@ -92,7 +92,8 @@ def _workspace(q: torch.Tensor, head_dim_qk: int):
 
 def backward_family(spec: Spec, arch: str) -> str:
     """The first family, in the registry's preference order, that serves (spec, arch) and renders
-    a backward kernel: a family without one (Hopper's, for now) leaves the backward to the next."""
+    a backward kernel for it: a family without one, or whose backward refuses the spec (Hopper's
+    above head dim 128), leaves the backward to the next."""
     from .families import REGISTRY
 
     reasons = []
@@ -100,7 +101,8 @@ def backward_family(spec: Spec, arch: str) -> str:
         problems = family.can_implement(spec, arch)
         if not problems and KIND in family.kernel_files(spec):
             return family.name
-        reasons.extend(f"{family.name}: {p}" for p in problems or ["renders no backward kernel"])
+        why_not = problems or family.kind_reasons(spec, KIND) or ["renders no backward kernel"]
+        reasons.extend(f"{family.name}: {p}" for p in why_not)
     raise UnsupportedError(f"backward of spec {spec.name!r} on {arch}", reasons)
 
 

@@ -34,33 +34,35 @@ SPECS = variant_specs()
 GRADS = ("dq", "dk", "dv")
 
 
-def build_pair(spec, arch):
-    """(forward Kernel, Backward) of the family that renders the backward: the gradients are
-    checked against a forward known to pair with them (same tiles' LSE, same family)."""
+def build_pair(spec, arch, family=None):
+    """(forward Kernel, Backward) of `family`, by default the family that renders the backward:
+    the gradients are checked against a forward known to pair with them (same family)."""
     from fa_gen.backward import backward_family, build_backward
     from fa_gen.runtime import build
 
-    family = backward_family(spec, arch)
+    family = family or backward_family(spec, arch)
     return build(spec, arch, family=family), build_backward(spec, arch, family=family)
 
 
-def _build_pair_name(spec, arch):
-    build_pair(spec, arch)
+def _build_pair_name(spec, arch, family):
+    build_pair(spec, arch, family)
     return spec.name
 
 
-@pytest.fixture(scope="module")
-def kernels():
+# The preferred backward of each variant (sm90 on an H200, where it serves the head dim), and
+# the sm80 one forced, so that the Ampere-class backward stays tested on a Hopper machine too.
+@pytest.fixture(scope="module", params=[None, "sm80"], ids=["preferred", "sm80"])
+def kernels(request):
     """name -> (forward Kernel, Backward) for every variant on this GPU."""
     from fa_gen.runtime import current_arch
 
-    arch = current_arch()
+    arch, family = current_arch(), request.param
     jobs = int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0"))
     if jobs > 1:
         context = multiprocessing.get_context("spawn")  # no inherited CUDA or DSL state
         with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            list(pool.map(_build_pair_name, SPECS, [arch] * len(SPECS)))
-    return {spec.name: build_pair(spec, arch) for spec in SPECS}
+            list(pool.map(_build_pair_name, SPECS, [arch] * len(SPECS), [family] * len(SPECS)))
+    return {spec.name: build_pair(spec, arch, family) for spec in SPECS}
 
 
 @dataclass(frozen=True)

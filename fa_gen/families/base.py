@@ -26,7 +26,14 @@ class Family:
         kernels (the backward) implement expressions yet."""
         if spec is not None and spec.uses_expressions:
             return {"forward": (self.forward_template, self.forward_filename)}
-        return {"forward": (self.forward_template, self.forward_filename), **self.extra_kernels}
+        extra = {kind: files for kind, files in self.extra_kernels.items()
+                 if spec is None or not self.kind_reasons(spec, kind)}
+        return {"forward": (self.forward_template, self.forward_filename), **extra}
+
+    def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
+        """Why this family renders no `kind` kernel (one of extra_kernels) for `spec`, which it
+        otherwise serves (a head dim its backward cannot fit, say); empty when it does."""
+        return []
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
         """Context a non-forward kind adds to `render_context` (its own tiles, say)."""

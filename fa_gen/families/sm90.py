@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from ..archs import arch_info
 from ..spec import DType, Spec
 from .base import Family, dtype_and_head_dim_reasons
+from . import sm90_backward
 from .expressions import expression_context, expression_reasons
 
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
@@ -99,6 +100,15 @@ class Sm90Family(Family):
     archs = ("sm_90a",)
     backend = "cute_dsl"
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks")
+    # The backward kernel (fa_gen/families/sm90_backward.py); head dims it does not fit drop out
+    # of kernel_files, and their backward goes to the next family (fa_gen.backward.backward_family).
+    extra_kernels = {"backward": ("backward.py.j2", "backward.py")}
+
+    def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
+        return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
+
+    def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
+        return sm90_backward.backward_reasons(spec, self.archs[0]) if kind == "backward" else []
     # Score mods and mask expressions in the forward (sink logits refused in spec_reasons).
     supports_expressions = True
 
