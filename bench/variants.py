@@ -181,7 +181,7 @@ VARIANTS = (
             fa4=lambda inputs, shape: {"causal": True, "cu_seqlens": cu_seqlens_of(inputs["q_doc"]),
                                        "max_seqlen": shape.seqlen_q // DOCUMENTS},
             notes=f"{DOCUMENTS} equal packed documents per batch entry, causal in each (FA4: varlen)"),
-    Variant("sink_logit", "library/sink_logit",
+    Variant("sink_logit", "sink_logit",
             lambda shape, device: {"sinks": _seeded((shape.heads_q,), device)},
             lambda inputs, shape: FlexMods(_causal, sink=inputs["sinks"]),
             fa4=lambda inputs, shape: {"causal": True, "learnable_sink": inputs["sinks"]},

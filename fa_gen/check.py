@@ -82,7 +82,8 @@ def compare(spec: Spec, q, k, v, out: torch.Tensor, lse: torch.Tensor, inputs=No
 
     # (batch or 1, heads_q or 1, seqlen_q): whether the row sees any key.
     has_key = _visible(spec, shape, q.device, inputs).any(dim=-1).expand_as(ref_lse)
-    rows = has_key
+    # A sink logit gives every row a finite LSE (the sink alone, where no key is visible).
+    rows = torch.ones_like(has_key) if spec.sink_expr is not None else has_key
     pt_lse = _same_precision_lse(q, k, spec, inputs)
     # Floor: a few float32 rounding steps, what the kernel's approximate exp2/log2 cost.
     lse_floor = 4 * _rounding_floor(ref_lse[rows], torch.float32)
@@ -90,7 +91,9 @@ def compare(spec: Spec, q, k, v, out: torch.Tensor, lse: torch.Tensor, inputs=No
     lse_err = _masked_max_abs((lse.double() - ref_lse)[rows])
 
     empty = ~has_key
-    empty_ok = bool((out.permute(0, 2, 1, 3)[empty] == 0).all()) and bool(torch.isneginf(lse[empty]).all())
+    empty_ok = bool((out.permute(0, 2, 1, 3)[empty] == 0).all())
+    if spec.sink_expr is None:
+        empty_ok = empty_ok and bool(torch.isneginf(lse[empty]).all())
     finite = bool(torch.isfinite(out).all()) and not bool(torch.isnan(lse).any())
     return CheckResult(shape, out_err, out_tol, lse_err, lse_tol, empty_ok, finite)
 
@@ -108,7 +111,9 @@ def _same_precision_lse(q, k, spec: Spec, inputs=None) -> torch.Tensor:
     kx = k.repeat_interleave(heads_q // k.shape[2], dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, kx).float() * spec.softmax_scale
     if spec.uses_expressions:
-        return torch.logsumexp(_logits(scores, spec, inputs)[0], dim=-1)
+        logits, sink = _logits(scores, spec, inputs)
+        lse = torch.logsumexp(logits, dim=-1)
+        return lse if sink is None else torch.logaddexp(lse, sink)
     visible = visibility(spec, q.shape[1], k.shape[1], device=q.device)
     return torch.logsumexp(scores.masked_fill(~visible, float("-inf")), dim=-1)
 

@@ -74,3 +74,22 @@ def test_rows_without_keys_are_zero_and_neg_inf():
     assert visibility(spec, 6, 2).sum(dim=1).tolist() == [0, 0, 0, 0, 1, 2]
     assert (out[:, :4] == 0).all() and torch.isneginf(lse[..., :4]).all()
     assert torch.isfinite(lse[..., 4:]).all()
+
+
+def test_check_compares_sink_rows_by_their_sink_lse():
+    # fa_gen.check on a sink spec: rows that see no key must give O = 0 and LSE = the sink (not
+    # -inf); the reference's own outputs pass, an LSE off by a little on such a row fails.
+    from fa_gen.check import compare
+    from tests.variants import variant_library_paths
+    from fa_gen.spec_load import load_spec
+
+    spec = load_spec(variant_library_paths()["sink_logit"], check_archs=False)
+    q, k, v = (torch.randn(1, s, 2, 64).to(torch.bfloat16) for s in (9, 3, 3))
+    inputs = {"sinks": torch.tensor([0.5, -1.0])}
+    out, lse = attention_reference(q, k, v, spec, inputs=inputs)
+    assert torch.allclose(lse[0, :, 0].double(), inputs["sinks"].double())  # row 0 sees no key
+    result = compare(spec, q, k, v, out.to(torch.bfloat16), lse.float(), inputs=inputs)
+    assert result.ok, result
+    shifted = lse.float().clone()
+    shifted[0, 1, 0] += 0.05  # a row that sees no key: only its sink decides its LSE
+    assert not compare(spec, q, k, v, out.to(torch.bfloat16), shifted, inputs=inputs).ok

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from fa_gen import generate
-from fa_gen.errors import SpecError
 from fa_gen.reference import visibility
 from fa_gen.render import render
 from fa_gen.spec_load import load_spec
@@ -41,9 +40,11 @@ def test_expression_specs_render_no_backward():
     assert list(generate.expected_files(spec)) and all(p.name == "forward.py" for p in generate.expected_files(spec))
 
 
-def test_sink_logits_are_refused_with_a_reason():
-    with pytest.raises(SpecError, match="sink logits"):
-        load_spec(variant_library_paths()["sink_logit"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_sink_logits_enter_the_final_normalisation(arch):
+    text = render(load_spec(variant_library_paths()["sink_logit"]), arch).text
+    assert "ops.x_sinks[ops.head]" in text and "sink[r] = " in text
+    assert "top = cutlass.max(row_top, sink[r])" in text
 
 
 def test_loop_invariant_division_becomes_a_hoisted_reciprocal():

@@ -41,13 +41,11 @@ def variant_specs(archs=None):
 
 
 def variant_library_paths():
-    """The expression variants' specs, by name: specs/library/ (not shipped yet) and the
-    shipped specs/ that use expressions (the library, once a family implements them)."""
+    """The expression variants' specs, by name: the shipped specs/ that use expressions."""
     from fa_gen.paths import specs_dir
 
-    library = list((specs_dir() / "library").glob("*.yaml"))
     shipped = [p for p in specs_dir().glob("*.yaml") if load_spec(p, check_archs=False).uses_expressions]
-    return {p.stem: p for p in sorted(library + shipped, key=lambda p: p.stem)}
+    return {p.stem: p for p in sorted(shipped, key=lambda p: p.stem)}
 
 
 def cute_dsl_families(arch: str, expressions: bool = False) -> list[str]:

@@ -34,13 +34,6 @@ _INDEX_NAMES = {"b": "ops.batch", "h": "ops.head", "q_idx": "q_idx", "kv_idx": "
 _CLAMPED_DIMS = {"seqlen_q": "ops.seqlen_q", "seqlen_k": "ops.seqlen_k"}
 
 
-def expression_reasons(spec: Spec) -> list[str]:
-    """What the forward templates cannot do with `spec`'s expressions."""
-    if spec.sink_expr is not None:
-        return ["sink logits (sink:) are not implemented in this family yet"]
-    return []
-
-
 def argument_name(decl: InputDecl) -> str:
     return f"x_{decl.name}"
 
@@ -51,7 +44,7 @@ def expression_context(spec: Spec) -> dict | None:
         return None
     names = dict(_INDEX_NAMES, **{d.name: f"ops.{argument_name(d)}" for d in spec.inputs})
     read = _clamped_read({f"ops.{argument_name(d)}": d for d in spec.inputs})
-    context = {"inputs": [_argument(d) for d in spec.inputs], "score_mod": None, "mask": None}
+    context = {"inputs": [_argument(d) for d in spec.inputs], "score_mod": None, "mask": None, "sink": None}
     if spec.score_mod_tree is not None:
         context["score_mod"] = emit_cute(spec.score_mod_tree, names, inputs=spec.inputs, read=read,
                                          levels=[{"q_idx"}, {"kv_idx", "score"}], temp_prefix="sm_",
@@ -59,6 +52,10 @@ def expression_context(spec: Spec) -> dict | None:
     if spec.mask_tree is not None:
         context["mask"] = emit_cute(spec.mask_tree, names, inputs=spec.inputs, read=read,
                                     levels=[{"q_idx"}, {"kv_idx"}], temp_prefix="mk_")
+    if spec.sink_tree is not None:
+        # Once per row, in the epilogue: exact transcendentals cost nothing there.
+        context["sink"] = emit_cute(spec.sink_tree, names, inputs=spec.inputs, read=read,
+                                    levels=[{"q_idx"}], temp_prefix="sk_")
     return context
 
 

@@ -12,7 +12,7 @@ from ..archs import arch_info
 from ..spec import DType, Spec
 from .base import Family, dtype_and_head_dim_reasons
 from .warp_tiles import smem_atom_cols, tile_reasons
-from .expressions import expression_context, expression_reasons
+from .expressions import expression_context
 
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 
@@ -119,7 +119,7 @@ class Sm80Family(Family):
         # Tile checks only mean something for a head dim the kernel takes.
         if (spec.head_dim_qk, spec.head_dim_v) in HEAD_DIMS and spec.tuning_for(self.name):
             reasons.extend(_tile_reasons(tile_config(spec, arch), spec, arch))
-        return reasons + expression_reasons(spec)
+        return reasons
 
     def render_context(self, spec: Spec, arch: str) -> dict:
         cfg = tile_config(spec, arch)
