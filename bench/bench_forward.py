@@ -181,11 +181,11 @@ def time_variant(name: str, make, inputs, shape, flops: float, input_sets) -> di
         return {"impl": name, "unsupported": _error(exc)}
     except Exception as exc:
         return {"impl": name, "error": _error(exc)}
-    family = {"family": fn.family} if hasattr(fn, "family") else {}
     try:
-        return {"impl": name, **family, **time_fn(fn, input_sets, flops)}
+        timed = time_fn(fn, input_sets, flops)
     except Exception as exc:
-        return {"impl": name, **family, "error": _error(exc)}
+        return {"impl": name, **getattr(fn, "meta", {}), "error": _error(exc)}
+    return {"impl": name, **getattr(fn, "meta", {}), **timed}   # meta: fa_gen's family, Flex's options
 
 
 def run_variant_cell(variant, spec, seqlen: int, impls, family: str | None) -> dict:

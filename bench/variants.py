@@ -232,7 +232,7 @@ def make_fa_gen(variant: Variant, inputs: dict, family: str | None):
 
     def run(q, k, v):
         return kernel.forward(q, k, v, inputs=inputs)
-    run.family = kernel.info.family
+    run.meta = {"family": kernel.info.family}
     return run
 
 
@@ -255,6 +255,8 @@ def compiled_flex():
 
 
 _COMPILED: dict = {}
+# FlexAttention's kernel_options, tried in order until Triton's kernel fits (None: Flex's defaults).
+FLEX_OPTIONS = (None, {"num_stages": 2}, {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2})
 
 
 def flex_program(mods: FlexMods, shape: Shape, device, flex=None, lse: bool = False):
@@ -270,10 +272,24 @@ def flex_program(mods: FlexMods, shape: Shape, device, flex=None, lse: bool = Fa
                                        KV_LEN=shape.seqlen_k, device=device)
     want_lse = lse or mods.sink is not None
     extra = _lse_request() if want_lse else {}
+    ladder = list(FLEX_OPTIONS)
+
+    def call(q, k, v):
+        # Flex's default config first; where Triton finds it too large for shared memory, the
+        # next smaller one (the one that ran is reported in run.meta).
+        while True:
+            options = {"kernel_options": ladder[0]} if ladder[0] else {}
+            try:
+                return flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=mods.score_mod,
+                            block_mask=block_mask, **extra, **options)
+            except Exception as exc:
+                if "out of resource" not in str(exc) or len(ladder) == 1:
+                    raise
+                ladder.pop(0)
+                run.meta["kernel_options"] = ladder[0]
 
     def run(q, k, v):
-        result = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=mods.score_mod,
-                      block_mask=block_mask, **extra)
+        result = call(q, k, v)
         if not want_lse:
             return result.transpose(1, 2), None
         out, aux = result
@@ -283,6 +299,7 @@ def flex_program(mods: FlexMods, shape: Shape, device, flex=None, lse: bool = Fa
             out = (out * torch.sigmoid(row_lse - sink).unsqueeze(-1)).to(q.dtype)
             row_lse = torch.logaddexp(row_lse, sink)
         return out.transpose(1, 2), row_lse
+    run.meta = {}
     return run
 
 
