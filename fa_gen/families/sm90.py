@@ -13,7 +13,7 @@ from ..archs import arch_info
 from ..spec import DType, Spec
 from .base import Family, dtype_and_head_dim_reasons
 from . import sm90_backward
-from .expressions import expression_context, expression_reasons
+from .expressions import expression_context
 
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 
@@ -109,7 +109,7 @@ class Sm90Family(Family):
 
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
         return sm90_backward.backward_reasons(spec, self.archs[0]) if kind == "backward" else []
-    # Score mods and mask expressions in the forward (sink logits refused in spec_reasons).
+    # Score mods, mask expressions and sink logits in the forward.
     supports_expressions = True
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
@@ -117,7 +117,7 @@ class Sm90Family(Family):
         # Tile checks only mean something for a head dim the kernel takes.
         if (spec.head_dim_qk, spec.head_dim_v) in HEAD_DIMS:
             reasons.extend(_tile_reasons(tile_config(spec), spec, arch))
-        return reasons + expression_reasons(spec)
+        return reasons
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
         cfg = tile_config(spec)
