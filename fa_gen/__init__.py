@@ -18,11 +18,11 @@ def build(spec, arch=None, family=None):
     return _build(spec, arch, family)
 
 
-def attention(q, k, v, spec, deterministic=None):
+def attention(q, k, v, spec, deterministic=None, inputs=None):
     """`out, lse = attention(q, k, v, spec)`, differentiable; see `fa_gen.runtime.attention`."""
     from .runtime import attention as _attention
 
-    return _attention(q, k, v, spec, deterministic)
+    return _attention(q, k, v, spec, deterministic, inputs)
 
 
 def __getattr__(name):

@@ -2,7 +2,7 @@
 
 Two custom ops wrap the compiled kernels, and `register_autograd` joins them:
 
-    fa_gen::attention_forward(q, k, v, spec_key, deterministic) -> (out, lse)
+    fa_gen::attention_forward(q, k, v, spec_key, deterministic, tensors, scalars) -> (out, lse)
     fa_gen::attention_backward(dout, q, k, v, out, lse, spec_key, deterministic) -> (dq, dk, dv)
 
 A custom op's schema holds tensors and plain values, never a Python object, so the spec travels
@@ -11,6 +11,8 @@ as `spec_key`, its canonical JSON; a process-wide registry maps the key back to 
 a key the registry lacks (a graph reused in a fresh process, say) is an error that says how to
 register it. Both ops have fake implementations (shapes only) for FakeTensor and meta tensors.
 `lse` is an output, not a differentiable one: gradients flow through `out` only.
+A spec's declared inputs (fa_gen.variant) travel as `tensors` and `scalars`, each in declared
+order; they take no gradient, and specs with expressions have no backward kernel yet.
 """
 
 from __future__ import annotations
@@ -64,15 +66,54 @@ def returns_lse(key: str) -> bool:
 
 @torch.library.custom_op("fa_gen::attention_forward", mutates_args=(), device_types="cuda")
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec_key: str,
-                      deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                      deterministic: bool, tensors: list[torch.Tensor],
+                      scalars: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse); `deterministic` is only carried to the backward."""
     from .runtime import build
 
-    return build(spec_from_key(spec_key)).forward(q, k, v)
+    spec = spec_from_key(spec_key)
+    return build(spec).forward(q, k, v, inputs=_inputs_by_name(spec, tensors, scalars))
+
+
+def _inputs_by_name(spec: Spec, tensors, scalars) -> dict | None:
+    """The spec's inputs from their op form: tensors and scalars, each in declared order."""
+    if not spec.inputs:
+        return None
+    tensors, scalars = iter(tensors), iter(scalars)
+    return {d.name: (_scalar(d, next(scalars)) if d.is_scalar else next(tensors)) for d in spec.inputs}
+
+
+def _scalar(decl, value: float):
+    return int(value) if decl.dtype == "int" else float(value)
+
+
+def _inputs_as_lists(spec: Spec, inputs) -> tuple[list, list]:
+    """`inputs` (name -> tensor or number) as the op's (tensors, scalars); a scalar left out
+    takes its declared default (the kernel checks every value)."""
+    inputs = dict(inputs or {})
+    unknown = sorted(set(inputs) - {d.name for d in spec.inputs})
+    if unknown:
+        declared = ", ".join(d.name for d in spec.inputs) or "none"
+        raise InputError(f"spec {spec.name!r} declares no input {unknown[0]!r} (declared: {declared})")
+    tensors, scalars = [], []
+    for decl in spec.inputs:
+        if decl.name not in inputs and not (decl.is_scalar and decl.default is not None):
+            raise InputError(f"spec {spec.name!r} needs input {decl.name!r} "
+                             f"({'a number' if decl.is_scalar else 'a tensor'}); pass inputs={{{decl.name!r}: ...}}")
+        value = inputs.get(decl.name, decl.default)
+        if decl.is_scalar:
+            if isinstance(value, torch.Tensor) or not isinstance(value, (int, float)):
+                raise InputError(f"input {decl.name!r} is a scalar ({decl.dtype}); got {type(value).__name__}")
+            scalars.append(float(value))
+        else:
+            if not isinstance(value, torch.Tensor):
+                raise InputError(f"input {decl.name!r} must be a torch.Tensor; got {type(value).__name__}")
+            tensors.append(value)
+    return tensors, scalars
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, spec_key, deterministic):
+def _attention_forward_fake(q, k, v, spec_key, deterministic, tensors, scalars):
     spec = spec_from_key(spec_key)
     batch, seqlen_q, heads_q, _ = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, spec.head_dim_v))
@@ -99,7 +140,8 @@ def _attention_backward_fake(dout, q, k, v, out, lse, spec_key, deterministic):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, key, deterministic = inputs
+    q, k, v, key, deterministic, tensors, scalars = inputs
+    ctx.num_inputs = (len(tensors), len(scalars))
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.spec_key = key
@@ -121,7 +163,9 @@ def _backward(ctx, dout, dlse):
         # Traced (torch.compile, FakeTensor, a dispatch mode): the op, which tracing records.
         dq, dk, dv = torch.ops.fa_gen.attention_backward.default(dout, q, k, v, out, lse, ctx.spec_key,
                                                                  ctx.deterministic)
-    return dq, dk, dv, None, None
+    # No gradient for the spec's inputs: one None per element of each list.
+    num_tensors, num_scalars = ctx.num_inputs
+    return dq, dk, dv, None, None, [None] * num_tensors, [None] * num_scalars
 
 
 def _plain_eager(*tensors) -> bool:
@@ -137,14 +181,17 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike,
-              deterministic: bool | None = None):
+              deterministic: bool | None = None, inputs=None):
     """Differentiable attention: `out, lse` (or `out` when the spec has return_lse false).
 
     deterministic: a backward with no order-dependent atomics (bitwise reproducible);
     None follows `torch.are_deterministic_algorithms_enabled()`.
+    inputs: name -> tensor or number for the spec's declared inputs (no gradient flows to them).
     """
     key = spec_key(spec)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    out, lse = attention_forward(q, k, v, key, bool(deterministic))
+    declared = spec_from_key(key)
+    tensors, scalars = _inputs_as_lists(declared, inputs) if inputs or declared.inputs else ([], [])
+    out, lse = attention_forward(q, k, v, key, bool(deterministic), tensors, scalars)
     return (out, lse) if returns_lse(key) else out

@@ -19,7 +19,8 @@ def _meta(*shape, dtype=torch.float16):
 def test_ops_are_registered_with_autograd():
     forward = torch.ops.fa_gen.attention_forward.default
     backward = torch.ops.fa_gen.attention_backward.default
-    assert [a.name for a in forward._schema.arguments] == ["q", "k", "v", "spec_key", "deterministic"]
+    assert [a.name for a in forward._schema.arguments] == ["q", "k", "v", "spec_key", "deterministic",
+                                                                    "tensors", "scalars"]
     assert len(forward._schema.returns) == 2 and len(backward._schema.returns) == 3
     assert torch._C._dispatch_has_kernel_for_dispatch_key(forward.name(), "Autograd")
 
@@ -30,7 +31,7 @@ def test_fake_shapes_follow_the_spec():
         q = torch.empty(2, 37, 8, 192, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 50, 2, 192, dtype=torch.bfloat16, device="cuda")
         v = torch.empty(2, 50, 2, 128, dtype=torch.bfloat16, device="cuda")
-        out, lse = torch.ops.fa_gen.attention_forward(q, k, v, key, False)
+        out, lse = torch.ops.fa_gen.attention_forward(q, k, v, key, False, [], [])
         assert out.shape == (2, 37, 8, 128) and out.dtype == torch.bfloat16
         assert lse.shape == (2, 8, 37) and lse.dtype == torch.float32
         dq, dk, dv = torch.ops.fa_gen.attention_backward(out, q, k, v, out, lse, key, True)
@@ -45,7 +46,7 @@ def test_unregistered_spec_key_is_an_error():
     with FakeTensorMode():
         q = torch.empty(1, 4, 1, 64, dtype=torch.float16, device="cuda")
         with pytest.raises(InputError, match="no spec registered"):
-            torch.ops.fa_gen.attention_forward(q, q, q, bogus, False)
+            torch.ops.fa_gen.attention_forward(q, q, q, bogus, False, [], [])
 
 
 def test_spec_key_is_the_same_for_a_name_and_its_spec():
@@ -77,6 +78,32 @@ def test_torch_compile_fullgraph_traces_forward_and_backward(by_name):
     loss = torch.compile(Tiny(), fullgraph=True, backend="aot_eager")(q, k, v)
     loss.backward()
     assert q.grad.shape == q.shape and v.grad.shape == v.shape
+
+
+def test_torch_compile_fullgraph_traces_a_spec_with_inputs():
+    # relative_bias reads a (heads_q, 257) tensor; the op carries it, traced without a break.
+    class Biased(torch.nn.Module):
+        def forward(self, q, k, v, bias):
+            out, _ = fa_gen.attention(q, k, v, spec="relative_bias", inputs={"rel_bias": bias})
+            return out.float().sum()
+
+    torch._dynamo.reset()
+    q, k, v = (_meta(2, 33, 4, 64, dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(4, 257, device="meta")
+    assert torch.compile(Biased(), fullgraph=True, backend="aot_eager")(q, k, v, bias).shape == ()
+
+
+def test_attention_inputs_are_checked_against_the_spec():
+    q = _meta(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="needs input 'rel_bias'"):
+        fa_gen.attention(q, q, q, spec="relative_bias")
+    with pytest.raises(InputError, match="declares no input 'bias'"):
+        fa_gen.attention(q, q, q, spec="relative_bias", inputs={"bias": q})
+    wide = _meta(1, 8, 2, 128, dtype=torch.bfloat16)  # softcap's head dim
+    with pytest.raises(InputError, match="'softcap' is a scalar"):
+        fa_gen.attention(wide, wide, wide, spec="softcap", inputs={"softcap": wide})
+    out, lse = fa_gen.attention(wide, wide, wide, spec="softcap")  # a scalar with a default may be left out
+    assert out.shape == wide.shape
 
 
 def test_backward_checks_inputs_before_the_device():

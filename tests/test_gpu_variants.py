@@ -103,3 +103,21 @@ def test_expression_edge_shapes(kernels, name, family):
     kernel = kernels[(name, family)]
     failures = [str(r) for r in (_check(kernel, shape, i) for i, shape in enumerate(EDGE_SHAPES)) if not r.ok]
     assert not failures, f"{name} ({family}):\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", ["relative_bias", "softcap", "document"])
+def test_attention_op_passes_inputs_to_the_kernel(kernels, name):
+    """fa_gen.attention (the custom op) with inputs= gives the kernel's own output, bit for bit."""
+    import fa_gen
+    from fa_gen.check import random_inputs
+    from fa_gen.runtime import current_arch
+
+    family = cute_dsl_families(current_arch(), expressions=True)[0]
+    kernel = kernels[(name, family)]
+    shape = Shape(2, 300, 257, 4, 2)
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = random_inputs(kernel.spec, shape, kernel._dtype, torch.device("cuda"), generator)
+    values = random_aux_inputs(kernel.spec, shape, generator)
+    want, want_lse = kernel.forward(q, k, v, inputs=values)
+    got, got_lse = fa_gen.attention(q, k, v, spec=kernel.spec, inputs=values)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
