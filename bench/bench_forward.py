@@ -306,6 +306,7 @@ def write_report(args, mode: str, cells: list, **extra) -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "mode": mode,
+        "command": "python bench/bench_forward.py " + " ".join(sys.argv[1:]),
         "family": args.family,
         "method": f"median of {REPEATS} CUDA-event timings after 5 warm-ups, 4 rotated input sets; "
                   + METHOD[mode] + "; batch*seqlen = 16k, heads*head_dim = 2048",

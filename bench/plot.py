@@ -32,9 +32,9 @@ def plot_report(report: dict, path: Path) -> Path:
         ax.set_xlabel("seqlen")
         ax.set_ylabel("TFLOP/s")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=8)
     fig.suptitle(f"{report['device']}, commit {report['commit']}, {report['date'][:10]}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
