@@ -232,8 +232,23 @@ class FlashAttentionBackward:
             grid=(cute.ceil_div(mQ.shape[1], PREPARE_ROWS), heads_q, batch), block=[PREPARE_ROWS, 1, 1],
             stream=stream)
         self.launch_main(mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic, stream)
-        self.finalize_dq(mdQaccum, mdQ).launch(
-            grid=(cute.ceil_div(mQ.shape[1], TILE_M), heads_q, batch), block=[MMA_THREADS, 1, 1], stream=stream)
+        self.launch_finalize_dq(mdQaccum, mdQ, stream)
+
+    @cute.jit
+    def launch_finalize_dq(self, mdQaccum, mdQ, stream):
+        """dQ leaves through a swizzled shared-memory tile and one TMA store per query tile."""
+        # (tile_m, head_dim_qk)
+        sdQ_layout = smem_layout(HEAD_DIM_QK, (TILE_M, HEAD_DIM_QK))
+        tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), swap_modes(mdQ, [1, 3, 2, 0]), sdQ_layout, (TILE_M, HEAD_DIM_QK))
+
+        @cute.struct
+        class StorageDQ:
+            sdQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sdQ_layout)], 1024]
+
+        self.finalize_dq(mdQaccum, tma_dQ, tma_atom_dQ, sdQ_layout, StorageDQ).launch(
+            grid=(cute.ceil_div(mdQ.shape[1], TILE_M), mdQ.shape[2], mdQ.shape[0]), block=[MMA_THREADS, 1, 1],
+            smem=StorageDQ.size_in_bytes(), stream=stream)
 
     @cute.jit
     def launch_main(self, mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic, stream):
@@ -763,28 +778,36 @@ class FlashAttentionBackward:
     # Post-pass: dQ = scale * accumulator, in the input dtype.
 
     @cute.kernel
-    def finalize_dq(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor):
+    def finalize_dq(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, tma_atom_dQ: cute.CopyAtom,
+                    sdQ_layout: cute.ComposedLayout, StorageDQ: cutlass.Constexpr):
+        """mdQ is the TMA coordinate tensor (seqlen_q, head_dim_qk, heads_q, batch)."""
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         warpgroup_idx = tidx // WARPGROUP_THREADS
         mma_dq = make_mma_dq()
-        thr_dq = mma_dq.get_slice(tidx)
         # (dq_half) of this warpgroup, in dq_half_copy order
         gdQaccum = cute.local_tile(mdQaccum[batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
         gHalf = cute.local_tile(gdQaccum, (DQ_HALF,), (warpgroup_idx,))
         tdQgdQ = dq_half_copy().get_slice(tidx % WARPGROUP_THREADS).partition_S(gHalf)
-        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE_M, HEAD_DIM_QK)), Float32)
+        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((TILE_M, HEAD_DIM_QK)), Float32)
         cute.autovec_copy(tdQgdQ, cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQgdQ.shape)))
         rdQ = cute.make_rmem_tensor(acc_dQ.shape, DTYPE)
         rdQ.store((acc_dQ.load() * SOFTMAX_SCALE).to(DTYPE))
-        # (tile_m, head_dim_qk) of dQ, and this thread's coordinates in it
-        gdQ = cute.local_tile(mdQ[batch, None, head, None], (TILE_M, HEAD_DIM_QK), (m_block, 0))
-        tdQgdQ_out = thr_dq.partition_C(gdQ)
-        tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((TILE_M, HEAD_DIM_QK)))
-        row_limit = mdQ.shape[1] - m_block * TILE_M
-        for i in cutlass.range_constexpr(cute.size(rdQ)):
-            if tdQcdQ[i][0] < row_limit:
-                tdQgdQ_out[i] = rdQ[i]
+        storage = cutlass.utils.SmemAllocator().allocate(StorageDQ)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        store = cute.make_tiled_copy_C(
+            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), DTYPE), mma_dq
+        ).get_slice(tidx)
+        cute.copy(store, store.retile(rdQ), store.partition_D(sdQ))
+        cute.arch.fence_view_async_shared()
+        cute.arch.sync_threads()
+        if tidx < 32:
+            # (tile_m, head_dim_qk); the store clips rows past seqlen_q.
+            gdQ = cute.local_tile(mdQ[None, None, head, batch], (TILE_M, HEAD_DIM_QK), (m_block, 0))
+            tdQsdQ, tdQgdQ_out = self.tma_partition(tma_atom_dQ, sdQ, gdQ)
+            cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ_out)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 ENTRY_CLASS = FlashAttentionBackward
