@@ -8,6 +8,7 @@ current stream itself.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from . import archs, env
 from .backends import get_backend
 from .cache import CacheKey, default_cache
 from .errors import InputError, UnsupportedError
+from .plan import CallPlan, make_plan, reads_tensors
 from .render import render
 from .spec import DType, Spec
 from .spec_load import load_spec
@@ -59,18 +61,20 @@ class Kernel(CompiledKernel):
 
     def __init__(self, spec: Spec, arch: str, function, info: BuildInfo):
         super().__init__(spec, arch, function, info)
-        # Mask expressions: per-call key-tile lists, memoised by sizes and scalars when the mask reads no tensor.
-        self._tile_lists: dict[tuple, torch.Tensor] = {}
+        # Plans of masks that read no tensor, by shapes, device and scalars (fa_gen.plan).
+        self._plans: dict[tuple, CallPlan] = {}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs=None):
         out, lse = self.forward(q, k, v, inputs=inputs)
         return (out, lse) if self.spec.return_lse else out
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                out: torch.Tensor | None = None, lse: torch.Tensor | None = None, inputs=None):
+                out: torch.Tensor | None = None, lse: torch.Tensor | None = None, inputs=None,
+                plan: CallPlan | None = None):
         """(out, lse) always; `out`/`lse` may be given preallocated (tests poison them).
 
-        `inputs`: name -> tensor or number for the spec's declared inputs (fa_gen.variant).
+        `inputs`: name -> tensor or number for the spec's declared inputs (fa_gen.variant);
+        or `plan`: those inputs checked and classified once by `self.plan` (fa_gen.plan).
         """
         self._check(q, k, v)
         batch, seqlen_q, heads_q, _ = q.shape
@@ -78,55 +82,43 @@ class Kernel(CompiledKernel):
             out = torch.empty((batch, seqlen_q, heads_q, self.spec.head_dim_v), dtype=q.dtype, device=q.device)
         if lse is None:
             lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
-        if not (self.spec.inputs or inputs or self.spec.mask_expr):
+        if plan is None and not (self.spec.inputs or inputs or self.spec.mask_expr):
             if seqlen_q > 0:
                 self._function(q, k, v, out, lse)
             return out, lse
-        extra, bound = self._input_arguments(q, k, inputs)
+        if plan is None:
+            plan = self._plan_for_call(q, k, inputs)
+        else:
+            if inputs is not None:
+                raise InputError("pass inputs or a plan (which holds its inputs), not both")
+            plan.check_call(self.spec, self._tiles, q, k)
         if seqlen_q > 0:
-            if self.spec.mask_expr is not None:
-                extra.append(self._key_tile_lists(q, k, bound))
-            self._function(q, k, v, out, lse, *extra)
+            self._function(q, k, v, out, lse, *plan.arguments)
         return out, lse
 
-    def _key_tile_lists(self, q: torch.Tensor, k: torch.Tensor, bound: dict) -> torch.Tensor:
-        """The key tiles each query tile visits under the mask expression, for this call
-        (`fa_gen.variant.tiles.key_tile_lists`, on q's device)."""
-        from .variant.tiles import classify_tiles, key_tile_lists
+    def plan(self, q: torch.Tensor, k: torch.Tensor, inputs=None) -> CallPlan:
+        """The spec's inputs checked, and its mask expression classified, for calls with q's
+        and k's shapes: pass it as `forward(..., plan=...)` to skip that work per call."""
+        for name, t in (("q", q), ("k", k)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise InputError(f"{name} must be a 4-D torch.Tensor (batch, seqlen, heads, head_dim)")
+        return make_plan(self.spec, self._tiles, q, k, inputs)
 
-        spec = self.spec
-        batch, seqlen_q, heads_q, _ = q.shape
-        seqlen_k = k.shape[1]
-        data_dependent = any(not d.is_scalar for d in spec.inputs)
-        key = (batch, heads_q, seqlen_q, seqlen_k, q.device,
-               tuple(bound[d.name] for d in spec.inputs if d.is_scalar))
-        lists = None if data_dependent else self._tile_lists.get(key)
-        if lists is None:
-            tile_m, tile_n = archs.family_named(self.info.family).forward_tiles(spec, self.arch)
-            codes = classify_tiles(spec.mask_tree, spec.inputs, bound, batch=batch, heads_q=heads_q,
-                                   seqlen_q=seqlen_q, seqlen_k=seqlen_k, tile_m=tile_m, tile_n=tile_n,
-                                   device=q.device)
-            lists = key_tile_lists(codes, seqlen_k, tile_n)
-            if not data_dependent:
-                self._tile_lists[key] = lists
-        return lists
+    @functools.cached_property
+    def _tiles(self) -> tuple[int, int]:
+        """(tile_m, tile_n) of this kernel's forward: what the mask classification is made for."""
+        if self.spec.mask_expr is None:
+            return (0, 0)
+        return archs.family_named(self.info.family).forward_tiles(self.spec, self.arch)
 
-    def _input_arguments(self, q: torch.Tensor, k: torch.Tensor, inputs) -> tuple[list, dict]:
-        """The kernel's arguments after lse (every declared input, checked, in declared order),
-        and the bound values by name."""
-        from .variant.bind import bind_inputs
-
-        sizes = {"batch": q.shape[0], "heads_q": q.shape[2], "seqlen_q": q.shape[1], "seqlen_k": k.shape[1]}
-        bound = bind_inputs(self.spec.inputs, inputs, sizes)
-        arguments = []
-        for decl in self.spec.inputs:
-            value = bound[decl.name]
-            if isinstance(value, torch.Tensor):
-                if value.device != q.device:
-                    raise InputError(f"input {decl.name!r} is on {value.device}; q is on {q.device}")
-                value = value.contiguous()
-            arguments.append(value)
-        return arguments, bound
+    def _plan_for_call(self, q: torch.Tensor, k: torch.Tensor, inputs) -> CallPlan:
+        if reads_tensors(self.spec):
+            return make_plan(self.spec, self._tiles, q, k, inputs)
+        key = (q.shape[0], q.shape[2], q.shape[1], k.shape[1], q.device, tuple(sorted((inputs or {}).items())))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make_plan(self.spec, self._tiles, q, k, inputs)
+        return plan
 
     def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         spec = self.spec

@@ -107,7 +107,8 @@ def test_expression_edge_shapes(kernels, name, family):
 
 @pytest.mark.parametrize("name", ["relative_bias", "softcap", "document"])
 def test_attention_op_passes_inputs_to_the_kernel(kernels, name):
-    """fa_gen.attention (the custom op) with inputs= gives the kernel's own output, bit for bit."""
+    """fa_gen.attention (the custom op) with inputs=, and a call with a plan, give the kernel's
+    own output, bit for bit."""
     import fa_gen
     from fa_gen.check import random_inputs
     from fa_gen.runtime import current_arch
@@ -121,3 +122,5 @@ def test_attention_op_passes_inputs_to_the_kernel(kernels, name):
     want, want_lse = kernel.forward(q, k, v, inputs=values)
     got, got_lse = fa_gen.attention(q, k, v, spec=kernel.spec, inputs=values)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    planned, planned_lse = kernel.forward(q, k, v, plan=kernel.plan(q, k, inputs=values))
+    assert torch.equal(planned, want) and torch.equal(planned_lse, want_lse)

@@ -173,3 +173,15 @@ def key_tile_lists(codes: torch.Tensor, seqlen_k: int, tile_n: int) -> torch.Ten
     order = torch.nn.functional.pad(order, (0, LIST_PAD))
     order = torch.where(position < n_visit[..., None], order, -1)
     return torch.cat([n_masked[..., None], n_visit[..., None], order], dim=-1).to(torch.int32).contiguous()
+
+
+def visit_order(lists: torch.Tensor, batch: int, heads_q: int) -> torch.Tensor:
+    """int32 (batch * heads_q * query tiles,): the query tiles, as linear indices
+    ((batch * heads_q + head) * query tiles + m_block), most visited key tiles first.
+
+    A persistent scheduler handing them out in this order (snaking across CTAs) starts the
+    longest tiles first and ends with the short ones, as it does statically for causal masks.
+    Ties keep index order: CTAs running at one time then share heads, and K/V through L2.
+    """
+    visits = lists[..., 1].expand(batch, heads_q, lists.shape[2]).reshape(-1)
+    return torch.argsort(-visits, stable=True).to(torch.int32)

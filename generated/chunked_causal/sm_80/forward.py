@@ -122,6 +122,7 @@ class FlashAttentionForward:
         mLSE: cute.Tensor,
         x_chunk: Int32,
         mTileList: cute.Tensor,
+        mTileOrder: cute.Tensor,
         stream: cuda.CUstream,
     ):
         """mQ/mO (b, seqlen_q, heads_q, d), mK/mV (b, seqlen_k, heads_kv, d), mLSE (b, heads_q, seqlen_q)."""
@@ -162,6 +163,7 @@ class FlashAttentionForward:
             mLSE,
             x_chunk,
             mTileList,
+            mTileOrder,
             sQ_layout,
             sK_layout,
             sV_layout,
@@ -199,6 +201,7 @@ class FlashAttentionForward:
         mLSE: cute.Tensor,
         x_chunk: Int32,
         mTileList: cute.Tensor,
+        mTileOrder: cute.Tensor,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -211,6 +214,14 @@ class FlashAttentionForward:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        # The query tiles come in the per-call order (most key tiles first), by launch rank.
+        num_m_blocks, heads_q, _ = cute.arch.grid_dim()
+        rank = m_block + num_m_blocks * (head + heads_q * batch)
+        tile_index = mTileOrder[rank]
+        bh = tile_index // num_m_blocks
+        m_block = tile_index - bh * num_m_blocks
+        batch = bh // heads_q
+        head = bh - batch * heads_q
         seqlen_q = mQ.shape[1]
         seqlen_k = mK.shape[1]
         # GQA/MQA: consecutive query heads share one K/V head.
@@ -559,5 +570,7 @@ def compile_arguments():
         Int32(0),
         # (batch or 1, heads_q or 1, query tiles, 2 + key tiles + 2): the key tiles each query tile visits.
         make_fake_compact_tensor(Int32, tuple(cute.sym_int() for _ in range(4)), stride_order=(3, 2, 1, 0), assumed_align=4),
+        # (batch * heads_q * query tiles,): the order the query tiles are handed out in.
+        make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4),
 )
     return q, k, v, o, lse, *inputs, make_fake_stream(use_tvm_ffi_env_stream=True)

@@ -225,6 +225,7 @@ class FlashAttentionForward:
         mLSE: cute.Tensor,
         x_prefix_len: cute.Tensor,
         mTileList: cute.Tensor,
+        mTileOrder: cute.Tensor,
         stream: cuda.CUstream,
     ):
         """mQ/mO (b, seqlen_q, heads_q, d), mK/mV (b, seqlen_k, heads_kv, d), mLSE (b, heads_q, seqlen_q)."""
@@ -271,11 +272,15 @@ class FlashAttentionForward:
                 # spread of tile lengths leaves some SMs idle; without groups, K/V of all heads
                 # would stream from HBM.)
                 num_ctas = num_tiles
+        # The query tiles come in the per-call order (most key tiles first): one persistent
+        # snake over it balances the CTAs.
+        group_heads = num_bh
         grid = (num_ctas, 1, 1)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE,
             x_prefix_len,
             mTileList,
+            mTileOrder,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             num_m_blocks, group_heads, num_tiles,
@@ -316,6 +321,7 @@ class FlashAttentionForward:
         mLSE: cute.Tensor,
         x_prefix_len: cute.Tensor,
         mTileList: cute.Tensor,
+        mTileOrder: cute.Tensor,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -355,7 +361,7 @@ class FlashAttentionForward:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp_idx == 0:
                 self.produce(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                             pipeline_q, pipeline_k, pipeline_v, sched, mTileList)
+                             pipeline_q, pipeline_k, pipeline_v, sched, mTileList, mTileOrder)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             ops = self.partition_consumer(sQ, sK, sV, sO, tidx - WARPGROUP_THREADS)
@@ -367,6 +373,7 @@ class FlashAttentionForward:
             ops.heads_q = mQ.shape[2]
             ops.x_prefix_len = x_prefix_len
             ops.tile_lists = mTileList
+            ops.tile_order = mTileOrder
             self.consume(ops, mO, mLSE, sO, tma_atom_O, mQ.shape[0], mK.shape[0], mQ.shape[2],
                          mK.shape[2], sched)
 
@@ -391,7 +398,7 @@ class FlashAttentionForward:
 
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                pipeline_q, pipeline_k, pipeline_v, sched, mTileList):
+                pipeline_q, pipeline_k, pipeline_v, sched, mTileList, mTileOrder):
         """Per tile, with t_0, t_1, ... the key tiles in the order visited: K[t_0] and Q; then
         K[t_(i+1)] with V[t_i]; then V of the last: the order the consumers' overlapped main
         loop takes them in."""
@@ -406,7 +413,11 @@ class FlashAttentionForward:
         num_ctas = cute.arch.grid_dim()[0]
         for wave in cutlass.range(tiles_of_cta(num_tiles, cta, num_ctas), unroll=1):
             tile = tile_of(wave, cta, num_ctas)
-            m_block, head, batch = tile_coords(tile, num_m_blocks, heads_q, group_heads, num_bh)
+            tile_index = mTileOrder[tile]
+            bh = tile_index // num_m_blocks
+            m_block = tile_index - bh * num_m_blocks
+            batch = bh // heads_q
+            head = bh - batch * heads_q
             head_kv = head // (heads_q // mK.shape[2])
             tiles = mTileList[cutlass.min(batch, mTileList.shape[0] - 1), cutlass.min(head, mTileList.shape[1] - 1),
                               m_block, None]
@@ -522,7 +533,11 @@ class FlashAttentionForward:
         num_ctas = cute.arch.grid_dim()[0]
         for wave in cutlass.range(tiles_of_cta(num_tiles, cta, num_ctas), unroll=1):
             tile = tile_of(wave, cta, num_ctas)
-            m_block, head, batch = tile_coords(tile, num_m_blocks, heads_q, group_heads, num_bh)
+            tile_index = ops.tile_order[tile]
+            bh = tile_index // num_m_blocks
+            m_block = tile_index - bh * num_m_blocks
+            batch = bh // heads_q
+            head = bh - batch * heads_q
             kv_state = self.consume_tile(ops, mO, mLSE, sO, tma_atom_O, seqlen_q, seqlen_k, m_block, head, batch,
                                          q_state, kv_state)
             q_state.advance()
@@ -812,5 +827,7 @@ def compile_arguments():
         make_fake_compact_tensor(cutlass.Int32, (batch,), stride_order=(0,), assumed_align=4),
         # (batch or 1, heads_q or 1, query tiles, 2 + key tiles + 2): the key tiles each query tile visits.
         make_fake_compact_tensor(Int32, tuple(cute.sym_int() for _ in range(4)), stride_order=(3, 2, 1, 0), assumed_align=4),
+        # (batch * heads_q * query tiles,): the order the query tiles are handed out in.
+        make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4),
 )
     return q, k, v, o, lse, *inputs, make_fake_stream(use_tvm_ffi_env_stream=True)

@@ -1,0 +1,84 @@
+"""Call plans: a spec's inputs checked, and its mask expression classified, once for many calls.
+
+A kernel whose spec declares inputs or a mask expression takes, after its fixed arguments,
+the inputs' values (in declared order) and, under a mask expression, two per-call tensors:
+the key tiles each query tile visits (`fa_gen.variant.tiles.key_tile_lists`) and the order in
+which the scheduler hands out query tiles (most key tiles first, so that the long ones do not
+finish last). Making them costs about a hundred small PyTorch operations (about a millisecond
+of host time) when the mask reads a tensor (document ids, prefix lengths): as much as the
+attention itself at short sequences. So, as FlexAttention's BlockMask or FlashAttention's
+cu_seqlens, it can be made once and reused by every call with the same shapes and inputs
+(every layer of a model, say):
+
+    plan = kernel.plan(q, k, inputs={"q_doc": ids, "kv_doc": ids})
+    out, lse = kernel.forward(q, k, v, plan=plan)
+
+A plan holds its inputs; changing a tensor it holds after making it leaves the plan stale (the
+caller's contract, as with a BlockMask). Calls without one make a plan per call, memoised when
+the mask reads no tensor (a pure function of the shapes and scalars).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+from .spec import Spec
+from .variant.bind import bind_inputs
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What a kernel takes after its fixed arguments, for one set of shapes and inputs."""
+
+    spec_key: str                 # the spec it was made for (canonical JSON)
+    tiles: tuple[int, int]        # (tile_m, tile_n) of the kernel it was made for
+    sizes: tuple[int, int, int, int]   # (batch, heads_q, seqlen_q, seqlen_k)
+    device: torch.device
+    arguments: tuple              # the kernel's extra arguments, in order
+
+    def check_call(self, spec: Spec, tiles: tuple[int, int], q: torch.Tensor, k: torch.Tensor) -> None:
+        if self.spec_key != spec.canonical_json() or self.tiles != tiles:
+            raise InputError(f"this plan was made for another kernel (spec or tiles differ from {spec.name!r}'s)")
+        sizes = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+        if sizes != self.sizes:
+            raise InputError(f"this plan was made for (batch, heads_q, seqlen_q, seqlen_k) = {self.sizes}; "
+                             f"this call has {sizes}")
+        if q.device != self.device:
+            raise InputError(f"this plan lives on {self.device}; q is on {q.device}")
+
+
+def make_plan(spec: Spec, tiles: tuple[int, int], q: torch.Tensor, k: torch.Tensor, inputs) -> CallPlan:
+    """Check `inputs` against the spec for q's and k's shapes and classify the mask's key tiles."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k = k.shape[1]
+    sizes = {"batch": batch, "heads_q": heads_q, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    bound = bind_inputs(spec.inputs, inputs, sizes)
+    arguments = []
+    for decl in spec.inputs:
+        value = bound[decl.name]
+        if isinstance(value, torch.Tensor):
+            if value.device != q.device:
+                raise InputError(f"input {decl.name!r} is on {value.device}; q is on {q.device}")
+            value = value.contiguous()
+        arguments.append(value)
+    if spec.mask_tree is not None:
+        arguments.extend(_tile_schedule(spec, tiles, bound, batch, heads_q, seqlen_q, seqlen_k, q.device))
+    return CallPlan(spec.canonical_json(), tiles, (batch, heads_q, seqlen_q, seqlen_k), q.device, tuple(arguments))
+
+
+def _tile_schedule(spec: Spec, tiles, bound, batch, heads_q, seqlen_q, seqlen_k, device):
+    from .variant.tiles import classify_tiles, key_tile_lists, visit_order
+
+    tile_m, tile_n = tiles
+    codes = classify_tiles(spec.mask_tree, spec.inputs, bound, batch=batch, heads_q=heads_q, seqlen_q=seqlen_q,
+                           seqlen_k=seqlen_k, tile_m=tile_m, tile_n=tile_n, device=device)
+    lists = key_tile_lists(codes, seqlen_k, tile_n)
+    return lists, visit_order(lists, batch, heads_q)
+
+
+def reads_tensors(spec: Spec) -> bool:
+    """Whether a plan depends on tensor values (else on shapes, device and scalars alone)."""
+    return any(not d.is_scalar for d in spec.inputs)

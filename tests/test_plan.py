@@ -1,0 +1,57 @@
+"""L0: call plans (fa_gen.plan) and the query-tile order, without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_gen.errors import InputError
+from fa_gen.plan import make_plan, reads_tensors
+from fa_gen.runtime import resolve_spec
+from fa_gen.variant.tiles import LIST_HEADER, classify_tiles, key_tile_lists, visit_order
+
+
+def _qk(batch, seqlen_q, seqlen_k, heads_q, heads_kv, dim=128):
+    return torch.randn(batch, seqlen_q, heads_q, dim), torch.randn(batch, seqlen_k, heads_kv, dim)
+
+
+def test_visit_order_puts_the_longest_query_tiles_first_and_keeps_ties_in_index_order():
+    spec = resolve_spec("chunked_causal")
+    codes = classify_tiles(spec.mask_tree, spec.inputs, {"chunk": 64}, batch=2, heads_q=3, seqlen_q=200,
+                           seqlen_k=200, tile_m=32, tile_n=16)
+    lists = key_tile_lists(codes, 200, 16)
+    order = visit_order(lists, 2, 3)
+    num_m = lists.shape[2]
+    assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(2 * 3 * num_m))
+    visits = [int(lists[0, 0, t % num_m, 1]) for t in order.tolist()]
+    assert visits == sorted(visits, reverse=True)
+    for a, b in zip(order.tolist(), order.tolist()[1:]):
+        if int(lists[0, 0, a % num_m, 1]) == int(lists[0, 0, b % num_m, 1]):
+            assert a < b
+
+
+def test_plan_holds_checked_inputs_then_lists_and_order():
+    spec = resolve_spec("document")
+    q, k = _qk(2, 70, 90, 4, 2)
+    ids_q = torch.zeros(2, 70, dtype=torch.int32)
+    ids_k = torch.zeros(2, 90, dtype=torch.int32)
+    plan = make_plan(spec, (64, 32), q, k, {"q_doc": ids_q, "kv_doc": ids_k})
+    kv_doc, q_doc, lists, order = plan.arguments  # inputs in declared (sorted) order, then the schedule
+    assert kv_doc is ids_k and q_doc is ids_q
+    assert lists.shape == (2, 1, 2, LIST_HEADER + 3 + 2) and order.shape == (2 * 4 * 2,)
+    assert reads_tensors(spec) and not reads_tensors(resolve_spec("chunked_causal"))
+    with pytest.raises(InputError, match="q_doc"):
+        make_plan(spec, (64, 32), q, k, {"kv_doc": ids_k})
+
+
+def test_plan_refuses_a_call_it_was_not_made_for():
+    spec = resolve_spec("sliding_window_causal")
+    q, k = _qk(1, 40, 40, 2, 2)
+    plan = make_plan(spec, (64, 32), q, k, {"window": 8})
+    plan.check_call(spec, (64, 32), q, k)
+    with pytest.raises(InputError, match="made for"):
+        plan.check_call(spec, (64, 32), *_qk(1, 41, 40, 2, 2))
+    with pytest.raises(InputError, match="another kernel"):
+        plan.check_call(spec, (128, 32), q, k)
+    with pytest.raises(InputError, match="another kernel"):
+        plan.check_call(resolve_spec("chunked_causal"), (64, 32), q, k)
