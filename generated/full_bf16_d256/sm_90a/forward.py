@@ -17,7 +17,6 @@ Overlap. Inside a warpgroup, the GEMM of the next key tile's S is issued togethe
 P V GEMM of the current one, and the softmax of the new S runs while that P V is in flight.
 Across warpgroups, named barriers make them take turns issuing GEMMs (ping-pong), so one
 warpgroup's softmax overlaps the other's tensor-core work.
-
 Scheduling. The grid is persistent (132 CTAs at most); CTAs take tiles wave by wave, in a
 snake order, from a list ordered by head groups whose K/V fit in L2 (query-tile rank slow within a group).
 Key tiles are visited from the last to the first; fully masked ones are never loaded, and
@@ -606,7 +605,8 @@ class FlashAttentionForward:
         P V: as the last thing of a step, ptxas hoists that wait above the softmax (to fill the
         stalls of its row reductions), and the softmax no longer overlaps the GEMM; it does not
         move it across the loop's back edge. For the same reason O is rescaled by the previous
-        factors between the two issues (while Q K^T runs), not after a wait.
+        factors between the two issues (while Q K^T runs), not after a wait. Without ping-pong
+        this overlap is the only one, and the order wins (head dim 256: 5% over the other).
         Returns the K/V stage just used for K and the V stage of the P V now in flight.
         """
         self.finish_pv(ops, v_pending, pending)
