@@ -85,6 +85,33 @@ def sdpa_backward(backend_name: str):
     return make
 
 
+def fa_gen_sm90_variant(overrides: dict):
+    """The sm90 backward with some of its render-time choices (kind_context keys) overridden:
+    A/B comparisons of scheduling or tiling in one run, without a knob in the library."""
+    def make(spec, q, k, v, dout):
+        from fa_gen import backward as backward_mod
+        from fa_gen.families import sm90_backward
+
+        original = sm90_backward.kind_context
+        sm90_backward.kind_context = lambda s, a: {**original(s, a), **overrides}
+        backward_mod._BACKWARDS.clear()
+        try:
+            return fa_gen_backward("sm90")(spec, q, k, v, dout)
+        finally:
+            sm90_backward.kind_context = original
+            backward_mod._BACKWARDS.clear()
+    return make
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """'name:key=value,key=value' (values are Python literals) -> (name, overrides)."""
+    import ast
+
+    name, _, assignments = text.partition(":")
+    pairs = (item.split("=", 1) for item in assignments.split(",") if item)
+    return name, {key: ast.literal_eval(value) for key, value in pairs}
+
+
 IMPLEMENTATIONS = {
     "fa_gen_sm90": fa_gen_backward("sm90"),
     "fa_gen_sm80": fa_gen_backward("sm80"),
@@ -154,7 +181,13 @@ def main(argv=None):
     parser.add_argument("--impls", type=lambda s: s.split(","), default=list(IMPLEMENTATIONS))
     parser.add_argument("--commit", default="dev")
     parser.add_argument("--out", default=None, help="directory for <date>-<commit>-sm90-bwd.json")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                        help="also time the sm90 backward with these kind_context overrides")
     args = parser.parse_args(argv)
+    for text in args.variant:
+        name, overrides = parse_variant(text)
+        IMPLEMENTATIONS[f"fa_gen_sm90_{name}"] = fa_gen_sm90_variant(overrides)
+        args.impls.append(f"fa_gen_sm90_{name}")
     if args.check:
         sys.exit(0 if check(args) else 1)
     rows = bench(args)

@@ -93,4 +93,6 @@ def kind_context(spec: Spec, arch: str) -> dict:
         # end together: then last to first, so that in deterministic mode the CTAs of a query
         # tile add their dQ in key-tile order after a short skew (as the sm80 backward does).
         "bwd_ascending": spec.window_right is None,
+        # Causal-like masks: CTAs take key tiles longest first across all heads.
+        "bwd_longest_first": spec.window_left is None and spec.window_right is not None,
     }

@@ -48,6 +48,8 @@ TILE_N = 128
 NUM_STAGES = 2
 # dQ = dS K over the two MMA warpgroups: split by rows (True) or by head-dim columns.
 DQ_SPLIT_ROWS = False
+# Head-dim columns of dQ (and of K, read MN-major for it) per MMA warpgroup.
+DQ_COLS = HEAD_DIM_QK if DQ_SPLIT_ROWS else HEAD_DIM_QK // 2
 MMA_REGISTERS = 240
 PRODUCER_REGISTERS = 24
 SOFTMAX_SCALE = 0.08838834764831845
@@ -143,10 +145,9 @@ def make_mma_dv() -> cute.TiledMma:
 def make_mma_dq() -> cute.TiledMma:
     """dQ = dS K: dS K-major in shared memory, K read as the MN-major (head_dim_qk, tile_n) operand."""
     atoms = (MMA_WARPGROUPS, 1, 1) if DQ_SPLIT_ROWS else (1, MMA_WARPGROUPS, 1)
-    cols = HEAD_DIM_QK if DQ_SPLIT_ROWS else HEAD_DIM_QK // MMA_WARPGROUPS
     return sm90_utils.make_trivial_tiled_mma(
         DTYPE, DTYPE, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
-        atom_layout_mnk=atoms, tiler_mn=(64, cols))
+        atom_layout_mnk=atoms, tiler_mn=(64, DQ_COLS))
 
 
 def dq_half_copy() -> cute.TiledCopy:
@@ -237,8 +238,8 @@ class FlashAttentionBackward:
     @cute.jit
     def launch_finalize_dq(self, mdQaccum, mdQ, stream):
         """dQ leaves through a swizzled shared-memory tile and one TMA store per query tile."""
-        # (tile_m, head_dim_qk)
-        sdQ_layout = smem_layout(HEAD_DIM_QK, (TILE_M, HEAD_DIM_QK))
+        # (tile_m, head_dim_qk), in swizzle atoms no wider than a warpgroup's stmatrix columns
+        sdQ_layout = smem_layout(DQ_COLS, (TILE_M, HEAD_DIM_QK))
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), swap_modes(mdQ, [1, 3, 2, 0]), sdQ_layout, (TILE_M, HEAD_DIM_QK))
 
@@ -256,12 +257,11 @@ class FlashAttentionBackward:
         # TMA and the kernel see (seqlen, head_dim, heads, batch): the tile modes first.
         mQ_t, mK_t, mV_t, mdO_t, mdK_t, mdV_t = [swap_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
         # Swizzles: each buffer's widest atom that also divides the columns a warpgroup reads
-        # MN-major (K: its half of the head dim in dQ = dS K, when dQ is split by columns).
-        k_major_cols = HEAD_DIM_QK if DQ_SPLIT_ROWS else HEAD_DIM_QK // MMA_WARPGROUPS
+        # MN-major (K: its DQ_COLS columns of the head dim in dQ = dS K).
         # (tile_m, head_dim, stage), (tile_n, head_dim), (tile_m, tile_n, stage)
         sQ_layout = smem_layout(HEAD_DIM_QK, (TILE_M, HEAD_DIM_QK, NUM_STAGES))
         sdO_layout = smem_layout(HEAD_DIM_V, (TILE_M, HEAD_DIM_V, NUM_STAGES))
-        sK_layout = smem_layout(k_major_cols, (TILE_N, HEAD_DIM_QK))
+        sK_layout = smem_layout(DQ_COLS, (TILE_N, HEAD_DIM_QK))
         sV_layout = smem_layout(HEAD_DIM_V, (TILE_N, HEAD_DIM_V))
         sdS_layout = smem_layout(TILE_N, (TILE_M, TILE_N, NUM_STAGES))
 
@@ -392,7 +392,7 @@ class FlashAttentionBackward:
         # (dq_half, warpgroup)
         smem.sdQ = storage.sdQ.get_tensor(cute.make_layout((DQ_HALF, MMA_WARPGROUPS)))
 
-        n_block, head_kv, batch = cute.arch.block_idx()
+        n_block, head_kv, batch = self.tile_of_cta()
         work = Operands()
         work.n_block, work.head_kv, work.batch = n_block, head_kv, batch
         work.seqlen_q, work.seqlen_k = mQ.shape[0], mK.shape[0]
@@ -431,9 +431,18 @@ class FlashAttentionBackward:
             ops.pipeline_q, ops.pipeline_do = pipeline_q, pipeline_do
             # K and V have landed (even a key tile no query sees waits: its epilogue reuses their buffers).
             pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+            # A key tile no query row sees still stores dK = dV = 0.
+            ops.acc_dK.fill(0.0)
+            ops.acc_dV.fill(0.0)
             if m_block_hi > m_block_lo:
                 self.mainloop(ops, work)
             self.epilogue(ops, work, mdK, mdV, smem, tma_atom_dK, tma_atom_dV)
+
+    @cute.jit
+    def tile_of_cta(self):
+        """(key tile, K/V head, batch entry) of this CTA."""
+        x, y, z = cute.arch.block_idx()
+        return x, y, z
 
     def make_pipelines(self, storage, sQ_layout, sdO_layout, sK_layout, sV_layout):
         """TMA pipelines: the producer warp fills a stage (transaction bytes), every MMA warp
@@ -647,8 +656,6 @@ class FlashAttentionBackward:
 
     @cute.jit
     def mainloop(self, ops: Operands, work: Operands):
-        ops.acc_dK.fill(0.0)
-        ops.acc_dV.fill(0.0)
         ops.work = work
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, NUM_STAGES)
         self.query_tiles(work, self.step, ops, state)
@@ -678,8 +685,11 @@ class FlashAttentionBackward:
                 # One FFMA and one EX2 per score, as in the forward.
                 acc_S_qk[r, c] = cute.math.exp2(acc_S_qk[r, c] * SOFTMAX_SCALE_LOG2 - row_lse_log2, fastmath=True)
         to_operand(acc_S, ops.tdVrP)
+        # dV's GEMM runs while dS is computed and stored.
+        wgmma(make_mma_dv, ops.acc_dV, ops.tdVrP, ops.tdVrdOt[None, None, None, stage], True)
         dpsum = self.row_stats(ops, smem.sDPsum, stage)
-        warpgroup.wait_group(0)
+        # dP^T has landed (dV may still run).
+        warpgroup.wait_group(1)
         acc_dP_qk = query_key_view(acc_dP)
         for r in cutlass.range_constexpr(cute.size(acc_S_qk.shape[0])):
             row_dpsum = dpsum[r]
@@ -689,7 +699,6 @@ class FlashAttentionBackward:
         # dS (the transpose of what this thread holds) into this stage's sdS, for dQ = dS K.
         rdS = cute.make_tensor(ops.tdKrdS.iterator, cute.make_layout(acc_dP.shape))
         cute.copy(ops.store_dS, ops.store_dS.retile(rdS), ops.tdSsdS[None, None, None, stage])
-        wgmma(make_mma_dv, ops.acc_dV, ops.tdVrP, ops.tdVrdOt[None, None, None, stage], True)
         # stmatrix writes are generic-proxy; wgmma reads through the async proxy. Both warpgroups'
         # halves of dS must be in place: each one's dQ reads every key column.
         cute.arch.fence_view_async_shared()
