@@ -35,18 +35,21 @@ def spec_for(head_dim: int, causal: bool, dtype: str = "bf16"):
                       "head_dim": head_dim, "mask": "causal" if causal else "none"})
 
 
-def time_ms(fn, iters: int = 20) -> float:
-    """Median of `iters` event-timed calls after three warm-up calls."""
+def time_ms(fn, calls: int = 10, repeats: int = 7) -> float:
+    """Per-call time of `calls` calls queued back to back between two events (median of
+    `repeats`): the host runs ahead as in training, so per-call host overhead (argument checks,
+    allocations, launches) hides behind the previous call, as in bench/bench_forward.py."""
     for _ in range(3):
         fn()
     times = []
-    for _ in range(iters):
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / calls)
     return sorted(times)[len(times) // 2]
 
 
@@ -144,6 +147,31 @@ def bench(args) -> list[dict]:
     return rows
 
 
+def profile(args) -> None:
+    """Per-kernel device time of each implementation's backward (pre-pass, main kernel, post-pass)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for head_dim in args.head_dims:
+        for causal in (False, True):
+            seqlen = args.seqlens[0]
+            batch = max(TOKENS // seqlen, 1)
+            q, k, v, dout = (torch.randn(batch, seqlen, HEADS, head_dim, device="cuda", dtype=torch.bfloat16)
+                             for _ in range(4))
+            for name in args.impls:
+                run = IMPLEMENTATIONS[name](spec_for(head_dim, causal), q, k, v, dout)
+                run()
+                torch.cuda.synchronize()
+                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        run()
+                    torch.cuda.synchronize()
+                print(f"{name} d{head_dim} {'causal' if causal else 'full'} s={seqlen}:")
+                for event in prof.key_averages():
+                    if event.device_time_total > 0:
+                        print(f"  {event.device_time_total / event.count:9.1f} us  x{event.count}  {event.key[:70]}")
+
+
 def check(args) -> bool:
     """fa_gen's sm90 backward against the sm80 one and float64 autograd on a few shapes."""
     from fa_gen.check import Shape, random_inputs
@@ -176,6 +204,7 @@ def check(args) -> bool:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only the exactness smoke test")
+    parser.add_argument("--profile", action="store_true", help="per-kernel times of the sm90 backward")
     parser.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[128])
     parser.add_argument("--seqlens", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 4096, 8192, 16384])
     parser.add_argument("--impls", type=lambda s: s.split(","), default=list(IMPLEMENTATIONS))
@@ -190,6 +219,8 @@ def main(argv=None):
         args.impls.append(f"fa_gen_sm90_{name}")
     if args.check:
         sys.exit(0 if check(args) else 1)
+    if args.profile:
+        return profile(args)
     rows = bench(args)
     if args.out:
         date = datetime.date.today().isoformat()

@@ -93,6 +93,12 @@ def kind_context(spec: Spec, arch: str) -> dict:
         # end together: then last to first, so that in deterministic mode the CTAs of a query
         # tile add their dQ in key-tile order after a short skew (as the sm80 backward does).
         "bwd_ascending": spec.window_right is None,
-        # Causal-like masks: CTAs take key tiles longest first across all heads.
-        "bwd_longest_first": spec.window_left is None and spec.window_right is not None,
+        "bwd_prepare_lanes": _prepare_lanes(spec.head_dim_v),
     }
+
+
+def _prepare_lanes(head_dim_v: int) -> int:
+    """Lanes of the pre-pass that share one row: the largest power of two up to 16 dividing the
+    row's 16-byte pieces (16 at d128, 8 at d64, 4 at d96)."""
+    pieces = head_dim_v // 8
+    return max(lanes for lanes in (1, 2, 4, 8, 16) if pieces % lanes == 0)
