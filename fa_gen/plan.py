@@ -3,8 +3,8 @@
 A kernel whose spec declares inputs or a mask expression takes, after its fixed arguments,
 the inputs' values (in declared order) and, under a mask expression, two per-call tensors:
 the key tiles each query tile visits (`fa_gen.variant.tiles.key_tile_lists`) and the order in
-which the scheduler hands out query tiles (most key tiles first, so that the long ones do not
-finish last). Making them costs about a hundred small PyTorch operations (about a millisecond
+which the scheduler hands out query tiles (head by head, within a head the ones with the most
+key tiles first, so that the long ones do not finish last). Making them costs about a hundred small PyTorch operations (about a millisecond
 of host time) when the mask reads a tensor (document ids, prefix lengths): as much as the
 attention itself at short sequences. So, as FlexAttention's BlockMask or FlashAttention's
 cu_seqlens, it can be made once and reused by every call with the same shapes and inputs

@@ -15,19 +15,20 @@ def _qk(batch, seqlen_q, seqlen_k, heads_q, heads_kv, dim=128):
     return torch.randn(batch, seqlen_q, heads_q, dim), torch.randn(batch, seqlen_k, heads_kv, dim)
 
 
-def test_visit_order_puts_the_longest_query_tiles_first_and_keeps_ties_in_index_order():
+def test_visit_order_goes_head_by_head_longest_query_tiles_first():
     spec = resolve_spec("chunked_causal")
     codes = classify_tiles(spec.mask_tree, spec.inputs, {"chunk": 64}, batch=2, heads_q=3, seqlen_q=200,
                            seqlen_k=200, tile_m=32, tile_n=16)
     lists = key_tile_lists(codes, 200, 16)
-    order = visit_order(lists, 2, 3)
+    order = visit_order(lists, 2, 3).tolist()
     num_m = lists.shape[2]
-    assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(2 * 3 * num_m))
-    visits = [int(lists[0, 0, t % num_m, 1]) for t in order.tolist()]
-    assert visits == sorted(visits, reverse=True)
-    for a, b in zip(order.tolist(), order.tolist()[1:]):
-        if int(lists[0, 0, a % num_m, 1]) == int(lists[0, 0, b % num_m, 1]):
-            assert a < b
+    assert sorted(order) == list(range(2 * 3 * num_m))
+    heads = [t // num_m for t in order]
+    assert heads == sorted(heads)
+    for a, b in zip(order, order[1:]):
+        if a // num_m == b // num_m:
+            va, vb = int(lists[0, 0, a % num_m, 1]), int(lists[0, 0, b % num_m, 1])
+            assert va > vb or (va == vb and a < b)
 
 
 def test_plan_holds_checked_inputs_then_lists_and_order():

@@ -177,11 +177,14 @@ def key_tile_lists(codes: torch.Tensor, seqlen_k: int, tile_n: int) -> torch.Ten
 
 def visit_order(lists: torch.Tensor, batch: int, heads_q: int) -> torch.Tensor:
     """int32 (batch * heads_q * query tiles,): the query tiles, as linear indices
-    ((batch * heads_q + head) * query tiles + m_block), most visited key tiles first.
+    ((batch * heads_q + head) * query tiles + m_block), head by head, and within each head the
+    ones visiting the most key tiles first.
 
-    A persistent scheduler handing them out in this order (snaking across CTAs) starts the
-    longest tiles first and ends with the short ones, as it does statically for causal masks.
-    Ties keep index order: CTAs running at one time then share heads, and K/V through L2.
+    Head by head: the CTAs running at one time then share K/V through L2. A global longest-first
+    order loses that: on an H200 (sm90, bf16, d128) it was 12-15% slower than head order for
+    document, chunked-causal, prefix-LM and sink-token masks at s = 1k and 8k.
     """
-    visits = lists[..., 1].expand(batch, heads_q, lists.shape[2]).reshape(-1)
-    return torch.argsort(-visits, stable=True).to(torch.int32)
+    num_m = lists.shape[2]
+    visits = lists[..., 1].expand(batch, heads_q, num_m).reshape(-1).to(torch.int64)
+    head = torch.arange(visits.numel(), device=visits.device) // num_m
+    return torch.argsort(head * (num_m * 2 + 1) - visits, stable=True).to(torch.int32)

@@ -217,7 +217,7 @@ class FlashAttentionForward:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        # The query tiles come in the per-call order (most key tiles first), by launch rank.
+        # The query tiles come in the per-call order (head by head, longest first), by launch rank.
         num_m_blocks, heads_q, _ = cute.arch.grid_dim()
         rank = m_block + num_m_blocks * (head + heads_q * batch)
         tile_index = mTileOrder[rank]

@@ -274,7 +274,7 @@ class FlashAttentionForward:
                 # spread of tile lengths leaves some SMs idle; without groups, K/V of all heads
                 # would stream from HBM.)
                 num_ctas = num_tiles
-        # The query tiles come in the per-call order (most key tiles first): one persistent
+        # The query tiles come in the per-call order (head by head, longest first): one persistent
         # snake over it balances the CTAs.
         group_heads = num_bh
         grid = (num_ctas, 1, 1)
