@@ -51,9 +51,6 @@ DQ_SPLIT_ROWS = True
 # Head-dim columns of dQ (and of K, read MN-major for it) per MMA warpgroup.
 DQ_COLS = HEAD_DIM_QK if DQ_SPLIT_ROWS else HEAD_DIM_QK // 2
 MMA_REGISTERS = 240
-# K lives in registers for S^T = K Q^T (register A operand, loaded once per CTA): the wgmma then
-# reads only Q from shared memory, whose bandwidth the 64-wide SS GEMMs use up.
-K_IN_REGISTERS = False
 PRODUCER_REGISTERS = 24
 SOFTMAX_SCALE = 0.125
 # softmax_scale * log2(e): exp(s * scale) == exp2(s * SOFTMAX_SCALE_LOG2).
@@ -132,15 +129,6 @@ def make_mma_sdp() -> cute.TiledMma:
     return sm90_utils.make_trivial_tiled_mma(
         DTYPE, DTYPE, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
         atom_layout_mnk=(MMA_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_M))
-
-
-def make_mma_s() -> cute.TiledMma:
-    """S^T = K Q^T: as make_mma_sdp, with K from registers when K_IN_REGISTERS (same C layout)."""
-    if const_expr(not K_IN_REGISTERS):
-        return make_mma_sdp()
-    return sm90_utils.make_trivial_tiled_mma(
-        DTYPE, DTYPE, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-        atom_layout_mnk=(MMA_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_M), a_source=warpgroup.OperandSource.RMEM)
 
 
 def make_mma_dk() -> cute.TiledMma:
@@ -462,8 +450,6 @@ class FlashAttentionBackward:
             ops.pipeline_q, ops.pipeline_do = pipeline_q, pipeline_do
             # K and V have landed (even a key tile no query sees waits: its epilogue reuses their buffers).
             pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-            if const_expr(K_IN_REGISTERS):
-                cute.copy(ops.load_K, ops.load_K.partition_S(smem.sK), ops.load_K.retile(ops.tSrK))
             # A key tile no query row sees still stores dK = dV = 0.
             ops.acc_dK.fill(0.0)
             ops.acc_dV.fill(0.0)
@@ -650,16 +636,7 @@ class FlashAttentionBackward:
         wg_sdp, wg_dk, wg_dv, wg_dq = (m.get_slice(wg_thread) for m in (mma_sdp, mma_dk, mma_dv, mma_dq))
         thr_sdp, thr_dk, thr_dv, thr_dq = (m.get_slice(tidx) for m in (mma_sdp, mma_dk, mma_dv, mma_dq))
         # S^T = K Q^T, dP^T = V dO^T: (MMA, MMA_M, MMA_K) and (MMA, MMA_N, MMA_K, stage)
-        if const_expr(K_IN_REGISTERS):
-            # (MMA, MMA_M, MMA_K) this thread's share of its warpgroup's 64 K rows, loaded by load_k.
-            mma_s = make_mma_s()
-            thr_s = mma_s.get_slice(tidx)
-            ops.tSrK = thr_s.make_fragment_A(thr_s.partition_shape_A((TILE_N, HEAD_DIM_QK)))
-            ops.load_K = cute.make_tiled_copy_A(
-                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), DTYPE), mma_s
-            ).get_slice(tidx)
-        else:
-            ops.tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(smem.sK))
+        ops.tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(smem.sK))
         ops.tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(smem.sQ))
         ops.tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(smem.sV))
         ops.tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(smem.sdO))
@@ -708,7 +685,7 @@ class FlashAttentionBackward:
         ops.pipeline_q.consumer_wait(state)
         # (MMA, MMA_M, MMA_N) S^T = K Q^T
         acc_S = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
-        wgmma(make_mma_s, acc_S, ops.tSrK, ops.tSrQ[None, None, None, stage], False)
+        wgmma(make_mma_sdp, acc_S, ops.tSrK, ops.tSrQ[None, None, None, stage], False)
         ops.pipeline_do.consumer_wait(state)
         # (MMA, MMA_M, MMA_N) dP^T = V dO^T
         acc_dP = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
