@@ -76,7 +76,21 @@ def _tile_schedule(spec: Spec, tiles, bound, batch, heads_q, seqlen_q, seqlen_k,
     codes = classify_tiles(spec.mask_tree, spec.inputs, bound, batch=batch, heads_q=heads_q, seqlen_q=seqlen_q,
                            seqlen_k=seqlen_k, tile_m=tile_m, tile_n=tile_n, device=device)
     lists = key_tile_lists(codes, seqlen_k, tile_n)
-    return lists, visit_order(lists, batch, heads_q)
+    return lists, visit_order(lists, batch, heads_q), uneven_rows(lists)
+
+
+def uneven_rows(lists: torch.Tensor) -> int:
+    """1 when the query tiles' key-tile counts spread widely (standard deviation above a quarter
+    of the mean: causal-like masks, documents, prefixes), else 0 (windows: every row alike).
+
+    Long uneven rows balance better one CTA per query tile, handed out by the hardware in the
+    plan's order; even ones better on a persistent grid. H200, sm90, bf16, d128, s=16k, b=1:
+    documents / chunks of 2048 351 -> 418 TFLOP/s and prefix-LM 510 -> 641 one CTA per tile,
+    a sliding window of 1024 431 -> 394 (.scratch A/B). One host sync, once per plan.
+    """
+    visits = lists[..., 1].to(torch.float32)
+    mean = visits.mean()
+    return int(bool((visits.std(correction=0) > 0.25 * mean).item())) if visits.numel() > 1 else 0
 
 
 def reads_tensors(spec: Spec) -> bool:

@@ -228,6 +228,7 @@ class FlashAttentionForward:
         x_q_doc: cute.Tensor,
         mTileList: cute.Tensor,
         mTileOrder: cute.Tensor,
+        uneven_rows: Int32,
         stream: cuda.CUstream,
     ):
         """mQ/mO (b, seqlen_q, heads_q, d), mK/mV (b, seqlen_k, heads_kv, d), mLSE (b, heads_q, seqlen_q)."""
@@ -275,8 +276,11 @@ class FlashAttentionForward:
                 # would stream from HBM.)
                 num_ctas = num_tiles
         # The query tiles come in the per-call order (head by head, longest first): one persistent
-        # snake over it balances the CTAs.
+        # snake over it; for long, uneven rows (above PERSIST_M_BLOCKS query tiles per head), one
+        # CTA per tile in that order, as for causal masks: the hardware balances those better.
         group_heads = num_bh
+        if num_m_blocks > PERSIST_M_BLOCKS and uneven_rows != 0:
+            num_ctas = num_tiles
         grid = (num_ctas, 1, 1)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE,
@@ -284,6 +288,7 @@ class FlashAttentionForward:
             x_q_doc,
             mTileList,
             mTileOrder,
+            uneven_rows,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             num_m_blocks, group_heads, num_tiles,
@@ -326,6 +331,7 @@ class FlashAttentionForward:
         x_q_doc: cute.Tensor,
         mTileList: cute.Tensor,
         mTileOrder: cute.Tensor,
+        uneven_rows: Int32,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -836,5 +842,7 @@ def compile_arguments():
         make_fake_compact_tensor(Int32, tuple(cute.sym_int() for _ in range(4)), stride_order=(3, 2, 1, 0), assumed_align=4),
         # (batch * heads_q * query tiles,): the order the query tiles are handed out in.
         make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4),
+        # 1 when the query tiles' key-tile counts spread widely (fa_gen.plan.uneven_rows).
+        Int32(0),
 )
     return q, k, v, o, lse, *inputs, make_fake_stream(use_tvm_ffi_env_stream=True)

@@ -123,6 +123,7 @@ class FlashAttentionForward:
         x_prefix_len: cute.Tensor,
         mTileList: cute.Tensor,
         mTileOrder: cute.Tensor,
+        uneven_rows: Int32,
         stream: cuda.CUstream,
     ):
         """mQ/mO (b, seqlen_q, heads_q, d), mK/mV (b, seqlen_k, heads_kv, d), mLSE (b, heads_q, seqlen_q)."""
@@ -164,6 +165,7 @@ class FlashAttentionForward:
             x_prefix_len,
             mTileList,
             mTileOrder,
+            uneven_rows,
             sQ_layout,
             sK_layout,
             sV_layout,
@@ -202,6 +204,7 @@ class FlashAttentionForward:
         x_prefix_len: cute.Tensor,
         mTileList: cute.Tensor,
         mTileOrder: cute.Tensor,
+        uneven_rows: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -574,5 +577,7 @@ def compile_arguments():
         make_fake_compact_tensor(Int32, tuple(cute.sym_int() for _ in range(4)), stride_order=(3, 2, 1, 0), assumed_align=4),
         # (batch * heads_q * query tiles,): the order the query tiles are handed out in.
         make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4),
+        # 1 when the query tiles' key-tile counts spread widely (fa_gen.plan.uneven_rows).
+        Int32(0),
 )
     return q, k, v, o, lse, *inputs, make_fake_stream(use_tvm_ffi_env_stream=True)
