@@ -849,7 +849,7 @@ def compile_arguments():
 
     def bshd(seqlen, heads, head_dim):
         # (batch, seqlen, heads, head_dim): head_dim contiguous, other strides multiples of 8
-        # (16 bytes, as TMA requires of every stride but the innermost).
+        # (16 bytes: vector loads and TMA both need it).
         strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3))
         return make_fake_tensor(DTYPE, (batch, seqlen, heads, head_dim), (*strides, 1), assumed_align=16)
 
@@ -860,7 +860,6 @@ def compile_arguments():
     o, do = bshd(seqlen_q, heads_q, HEAD_DIM_V), bshd(seqlen_q, heads_q, HEAD_DIM_V)
     dq, dk, dv = bshd(seqlen_q, heads_q, HEAD_DIM_QK), bshd(seqlen_k, heads_kv, HEAD_DIM_QK), bshd(seqlen_k, heads_kv, HEAD_DIM_V)
     lse = per_row(Float32, seqlen_q)
-    # The workspaces: 16-byte aligned (bulk copies), lengths multiples of 128 rows (the runtime pads them).
-    workspace = (per_row(Float32, accum_len, 16), per_row(Float32, rows_len, 16), per_row(Float32, rows_len, 16),
-                 per_row(Int32, tiles_len))
+    workspace = (per_row(Float32, accum_len, 16), per_row(Float32, rows_len, 16),
+                 per_row(Float32, rows_len, 16), per_row(Int32, tiles_len))
     return (q, k, v, o, do, lse, dq, dk, dv, *workspace, Int32(0), make_fake_stream(use_tvm_ffi_env_stream=True))
