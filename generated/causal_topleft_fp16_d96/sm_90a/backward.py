@@ -727,6 +727,9 @@ class FlashAttentionBackward:
         warpgroup.wait_group(1)
         ops.pipeline_do.consumer_release(state)
         self.hand_over_dq(ops, acc_dQ)
+        # Waiting for dK only after the next tile's S^T and dP^T are issued was measured 13%
+        # slower on an H200 (d128, s = 4k: 488 vs 564 TFLOP/s), as was keeping K in registers
+        # for S^T (ptxas spills: 478).
         warpgroup.wait_group(0)
         ops.pipeline_q.consumer_release(state)
         state.advance()
