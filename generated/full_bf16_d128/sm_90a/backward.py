@@ -70,7 +70,7 @@ DQ_FULL_BARRIER = 2
 DQ_EMPTY_BARRIER = DQ_FULL_BARRIER + MMA_WARPGROUPS
 EPILOGUE_BARRIER = DQ_EMPTY_BARRIER + MMA_WARPGROUPS
 DQ_BARRIER_THREADS = WARPGROUP_THREADS + 32
-# Query rows per CTA of the pre-pass (one thread each); the runtime pads the workspaces to it.
+# Query rows per CTA of the pre-pass (of 128 threads); the runtime pads the workspaces to it.
 PREPARE_ROWS = 128
 # Lanes that share one row of O / dO in the pre-pass: the most 16-byte pieces (up to 16) that
 # divide the row evenly.
@@ -127,21 +127,21 @@ def wgmma(make_mma: cutlass.Constexpr, acc: cute.Tensor, tCrA: cute.Tensor, tCrB
 def make_mma_sdp() -> cute.TiledMma:
     """S^T = K Q^T and dP^T = V dO^T: both operands K-major in shared memory, 64 keys per warpgroup."""
     return sm90_utils.make_trivial_tiled_mma(
-        DTYPE, DTYPE, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+        DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
         atom_layout_mnk=(MMA_WARPGROUPS, 1, 1), tiler_mn=(64, TILE_M))
 
 
 def make_mma_dk() -> cute.TiledMma:
     """dK += dS^T Q: dS^T from registers, Q read as the MN-major (head_dim_qk, tile_m) operand."""
     return sm90_utils.make_trivial_tiled_mma(
-        DTYPE, DTYPE, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+        DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
         atom_layout_mnk=(MMA_WARPGROUPS, 1, 1), tiler_mn=(64, HEAD_DIM_QK), a_source=warpgroup.OperandSource.RMEM)
 
 
 def make_mma_dv() -> cute.TiledMma:
     """dV += P^T dO: P^T from registers, dO read as the MN-major (head_dim_v, tile_m) operand."""
     return sm90_utils.make_trivial_tiled_mma(
-        DTYPE, DTYPE, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+        DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
         atom_layout_mnk=(MMA_WARPGROUPS, 1, 1), tiler_mn=(64, HEAD_DIM_V), a_source=warpgroup.OperandSource.RMEM)
 
 
@@ -149,7 +149,7 @@ def make_mma_dq() -> cute.TiledMma:
     """dQ = dS K: dS K-major in shared memory, K read as the MN-major (head_dim_qk, tile_n) operand."""
     atoms = (MMA_WARPGROUPS, 1, 1) if DQ_SPLIT_ROWS else (1, MMA_WARPGROUPS, 1)
     return sm90_utils.make_trivial_tiled_mma(
-        DTYPE, DTYPE, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+        DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
         atom_layout_mnk=atoms, tiler_mn=(64, DQ_COLS))
 
 
@@ -388,7 +388,7 @@ class FlashAttentionBackward:
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dK, tma_atom_dV):
                 cpasync.prefetch_descriptor(atom)
-        storage = cutlass.utils.SmemAllocator().allocate(SharedStorage)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         pipeline_kv, pipeline_q, pipeline_do = self.make_pipelines(storage, sQ_layout, sdO_layout, sK_layout, sV_layout)
         # Every mbarrier is initialised before any thread waits on one.
         cute.arch.mbarrier_init_fence()
@@ -805,7 +805,7 @@ class FlashAttentionBackward:
         cute.autovec_copy(tdQgdQ, cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQgdQ.shape)))
         rdQ = cute.make_rmem_tensor(acc_dQ.shape, DTYPE)
         rdQ.store((acc_dQ.load() * SOFTMAX_SCALE).to(DTYPE))
-        storage = cutlass.utils.SmemAllocator().allocate(StorageDQ)
+        storage = cutlass.memory.SmemAllocator().allocate(StorageDQ)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         store = cute.make_tiled_copy_C(
             cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), DTYPE), mma_dq
