@@ -18,6 +18,7 @@ def _build_one(spec: Spec, arch: str, family: str | None = None) -> tuple[str, s
     from .runtime import build
 
     kernel = build(spec, arch, family=family)
+    kernel.load_variants()
     return spec.name, arch, kernel.info.seconds, kernel.info.compiled
 
 

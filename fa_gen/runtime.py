@@ -63,6 +63,10 @@ class Kernel(CompiledKernel):
         super().__init__(spec, arch, function, info)
         # Plans of masks that read no tensor, by shapes, device and scalars (fa_gen.plan).
         self._plans: dict[tuple, CallPlan] = {}
+        # Other forward kernels of the family, for calls no longer than their seqlen bound
+        # (Family.forward_variants): [(max_seqlen, kind)], shortest first; loaded on first use.
+        self._variants = archs.family_named(info.family).forward_variants(spec, arch)
+        self._variant_functions: dict[str, object] = {}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs=None):
         out, lse = self.forward(q, k, v, inputs=inputs)
@@ -84,7 +88,7 @@ class Kernel(CompiledKernel):
             lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
         if plan is None and not (self.spec.inputs or inputs or self.spec.mask_expr):
             if seqlen_q > 0:
-                self._function(q, k, v, out, lse)
+                self._function_for(seqlen_q, k.shape[1])(q, k, v, out, lse)
             return out, lse
         if plan is None:
             plan = self._plan_for_call(q, k, inputs)
@@ -93,8 +97,42 @@ class Kernel(CompiledKernel):
                 raise InputError("pass inputs or a plan (which holds its inputs), not both")
             plan.check_call(self.spec, self._tiles, q, k)
         if seqlen_q > 0:
-            self._function(q, k, v, out, lse, *plan.arguments)
+            self._function_for(seqlen_q, k.shape[1])(q, k, v, out, lse, *plan.arguments)
         return out, lse
+
+    def kind_for(self, seqlen_q: int, seqlen_k: int) -> str:
+        """The forward kind that serves a call with these seqlens ("forward" or a variant's)."""
+        longest = max(seqlen_q, seqlen_k)
+        return next((kind for max_seqlen, kind in self._variants if longest <= max_seqlen), "forward")
+
+    def load_variants(self) -> list[str]:
+        """Compile or load every forward variant now (precompile), not on its first call."""
+        for _, kind in self._variants:
+            self._variant_function(kind)
+        return [kind for _, kind in self._variants]
+
+    def pinned(self, kind: str) -> "Kernel":
+        """This kernel with every call served by the `kind` kernel (tests, comparisons)."""
+        if kind != "forward" and kind not in (k for _, k in self._variants):
+            raise InputError(f"spec {self.spec.name!r} has no {kind!r} kernel in family {self.info.family}; "
+                             f"it has forward{''.join(', ' + k for _, k in self._variants)}")
+        function = self._function if kind == "forward" else self._variant_function(kind)
+        kernel = Kernel(self.spec, self.arch, function, self.info)
+        kernel._variants = []
+        return kernel
+
+    def _function_for(self, seqlen_q: int, seqlen_k: int):
+        if not self._variants:
+            return self._function
+        kind = self.kind_for(seqlen_q, seqlen_k)
+        return self._function if kind == "forward" else self._variant_function(kind)
+
+    def _variant_function(self, kind: str):
+        function = self._variant_functions.get(kind)
+        if function is None:
+            function, _ = load_kernel_function(self.spec, self.arch, self.info.family, kind=kind)
+            self._variant_functions[kind] = function
+        return function
 
     def plan(self, q: torch.Tensor, k: torch.Tensor, inputs=None) -> CallPlan:
         """The spec's inputs checked, and its mask expression classified, for calls with q's

@@ -73,8 +73,9 @@ def compiled_backward(cache_dir):
 
 
 def _object_for(cache_dir, spec, arch, kind="forward"):
+    # Entries are named <spec>_<kind>_<12-hex digest>; "forward" must not match "forward_short".
     matches = [p for p in cache_dir.rglob("meta.json")
-               if p.parent.parent.name == arch and p.parent.name.startswith(f"{spec.name}_{kind}_")]
+               if p.parent.parent.name == arch and p.parent.name.rsplit("_", 1)[0] == f"{spec.name}_{kind}"]
     assert len(matches) == 1, f"expected one cache entry for {spec.name} {arch}, found {matches}"
     return next(p for p in matches[0].parent.iterdir() if p.suffix == ".o")
 
@@ -96,6 +97,22 @@ def test_compiles_to_cubin(compiled, spec, arch):
 def test_backward_compiles_to_cubin(compiled_backward, spec, arch):
     data = _object_for(compiled_backward, spec, arch, "backward").read_bytes()
     assert f"-arch {arch}".encode() in data, f"no {arch} cubin in the backward object"
+
+
+def _variant_kinds(spec, arch):
+    from fa_gen.archs import family_for
+
+    return [kind for _, kind in family_for(spec, arch).forward_variants(spec, arch)]
+
+
+# Forward kinds a kernel picks per call (a short-sequence tile); precompile builds them too.
+VARIANT_PAIRS = [(spec, arch, kind) for spec, arch in PAIRS for kind in _variant_kinds(spec, arch)]
+
+
+@pytest.mark.parametrize("spec,arch,kind", VARIANT_PAIRS, ids=[f"{s.name}-{a}-{k}" for s, a, k in VARIANT_PAIRS])
+def test_forward_variants_compile_to_cubin(compiled, spec, arch, kind):
+    data = _object_for(compiled, spec, arch, kind).read_bytes()
+    assert f"-arch {arch}".encode() in data, f"no {arch} cubin in the {kind} object"
 
 
 def test_second_process_loads_without_recompiling(compiled):

@@ -28,7 +28,10 @@ SPECS = variant_specs()
 
 @pytest.fixture(scope="module")
 def kernels():
-    """(variant name, family) -> Kernel; on an H200 both the Hopper and the Ampere-class family."""
+    """(variant name, label) -> Kernel; on an H200 both the Hopper and the Ampere-class family.
+    The label is the family (the kernel as users call it, picking its forward kind per call by
+    seqlen), or "<family>/<kind>" for each kind of a family with per-call variants, pinned, so
+    that every kind meets every shape."""
     from fa_gen.runtime import build, current_arch
 
     arch = current_arch()
@@ -38,7 +41,13 @@ def kernels():
         from fa_gen.precompile import precompile
 
         precompile(triples, jobs=jobs)
-    return {(spec.name, family): build(spec, arch, family=family) for spec, arch, family in triples}
+    built = {}
+    for spec, arch, family in triples:
+        kernel = built[(spec.name, family)] = build(spec, arch, family=family)
+        variants = kernel.load_variants()
+        for kind in ["forward", *variants] if variants else []:
+            built[(spec.name, f"{family}/{kind}")] = kernel.pinned(kind)
+    return built
 
 
 shapes = st.builds(
@@ -67,6 +76,8 @@ EDGE_SHAPES = [Shape(1, 1, 1, 1, 1), Shape(2, 257, 1000, 6, 2), Shape(1, 1000, 2
 def test_edge_shapes(kernels, name, family):
     if (name, family) not in kernels:
         pytest.skip(f"family {family} does not serve this GPU")
-    failures = [str(r) for r in (check_kernel(kernels[(name, family)], shape, seed=i)
-                                 for i, shape in enumerate(EDGE_SHAPES)) if not r.ok]
+    labels = [label for n, label in kernels if n == name and label.split("/")[0] == family]
+    failures = [f"{label}: {r}" for label in labels
+                for r in (check_kernel(kernels[(name, label)], shape, seed=i) for i, shape in enumerate(EDGE_SHAPES))
+                if not r.ok]
     assert not failures, f"{name} ({family}):\n" + "\n".join(failures)

@@ -39,6 +39,11 @@ class Family:
         """Context a non-forward kind adds to `render_context` (its own tiles, say)."""
         return {}
 
+    def forward_variants(self, spec: Spec, arch: str) -> list[tuple[int, str]]:
+        """Forward kinds the runtime picks per call instead of "forward": (longest seqlen it
+        serves, kind), shortest first; a call whose seqlens exceed them all takes "forward"."""
+        return []
+
     def can_implement(self, spec: Spec, arch: str) -> list[str]:
         """Reasons this family cannot implement `spec` on `arch`; empty when it can."""
         if arch not in self.archs:

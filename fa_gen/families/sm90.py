@@ -90,9 +90,49 @@ _DEFAULT_TILES = {
 }
 
 
+# A second forward kernel for short causal-like sequences (at most `max_seqlen` queries and
+# keys), picked per call by the runtime (fa_gen.runtime.Kernel): where the diagonal tiles are
+# a large share of the work, a tile that wastes less of them, or a grid without the
+# persistent snake, wins. H200, bf16, causal, TFLOP/s at 512 / 1k / 1.5k / 2k (2026-11-21,
+# bench/results/2026-11-21-ef9574e-sweep-short-causal.json; anchors in the same runs):
+#   d64  128x128 pp 209/287/333/356 against the long tile 192x128 187/260/351/381 (cuDNN 212/291/312/360);
+#   d256 128x80, one CTA per tile, 262/413/-/506 against the persistent 234/340/-/533 (cuDNN 268/384/-/471).
+# d128 (128x128) had no short-sequence winner (persistent or not: within run-to-run spread).
+@dataclass(frozen=True)
+class ShortTiles:
+    max_seqlen: int
+    tile: TileConfig
+
+
+SHORT_KIND = "forward_short"
+_SHORT_TILES = {
+    (64, 64): ShortTiles(1024, TileConfig(128, 128, 2, 2)),
+    (256, 256): ShortTiles(1024, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
+}
+
+
 def tile_config(spec: Spec) -> TileConfig:
     default = _DEFAULT_TILES[(spec.head_dim_qk, spec.head_dim_v)]
     return replace(default, **spec.tuning_for(Sm90Family.name))
+
+
+def short_tiles_reasons(spec: Spec) -> list[str]:
+    """Why `spec` gets no short-sequence kernel; empty when it does."""
+    if (spec.head_dim_qk, spec.head_dim_v) not in _SHORT_TILES:
+        return [f"no short-sequence tile for head dims ({spec.head_dim_qk}, {spec.head_dim_v})"]
+    if not _longest_first(spec):
+        return ["short-sequence tiles are measured for causal-like masks only"]
+    if spec.mask_expr is not None:
+        # A mask expression's call plan classifies key tiles for one tile shape.
+        return ["a mask expression's key-tile lists are made for the long kernel's tiles"]
+    if spec.tuning_for(Sm90Family.name):
+        return ["the spec's tuning pins one tile configuration"]
+    return []
+
+
+def _longest_first(spec: Spec) -> bool:
+    """Causal-like masks: later query tiles see more keys, so the scheduler hands them out first."""
+    return spec.window_left is None and spec.window_right is not None
 
 
 class Sm90Family(Family):
@@ -102,15 +142,27 @@ class Sm90Family(Family):
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks")
     # The backward kernel (fa_gen/families/sm90_backward.py); head dims it does not fit drop out
     # of kernel_files, and their backward goes to the next family (fa_gen.backward.backward_family).
-    extra_kernels = {"backward": ("backward.py.j2", "backward.py")}
+    # The forward of short causal-like sequences (SHORT_KIND) is the same template with its own tiles.
+    extra_kernels = {"backward": ("backward.py.j2", "backward.py"),
+                     SHORT_KIND: ("forward.py.j2", "forward_short.py")}
+
+    # Score mods, mask expressions and sink logits in the forward.
+    supports_expressions = True
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
+        if kind == SHORT_KIND:
+            return self._tile_context(spec, arch, _SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].tile)
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
 
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
+        if kind == SHORT_KIND:
+            return short_tiles_reasons(spec)
         return sm90_backward.backward_reasons(spec, self.archs[0]) if kind == "backward" else []
-    # Score mods, mask expressions and sink logits in the forward.
-    supports_expressions = True
+
+    def forward_variants(self, spec: Spec, arch: str) -> list[tuple[int, str]]:
+        if SHORT_KIND not in self.kernel_files(spec):
+            return []
+        return [(_SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].max_seqlen, SHORT_KIND)]
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
         reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), HEAD_DIMS)
@@ -124,7 +176,18 @@ class Sm90Family(Family):
         return cfg.tile_m, cfg.tile_n
 
     def render_context(self, spec: Spec, arch: str) -> dict:
-        cfg = tile_config(spec)
+        return {
+            **self._tile_context(spec, arch, tile_config(spec)),
+            "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
+            "softmax_scale_log2": spec.softmax_scale_log2,
+            "num_sms": NUM_SMS,
+            "longest_first": _longest_first(spec),
+            # None unless the spec has expressions (then: their emitted code and extra arguments).
+            "expr": expression_context(spec),
+        }
+
+    def _tile_context(self, spec: Spec, arch: str, cfg: TileConfig) -> dict:
+        """What the template takes from a tile configuration."""
         problems = _tile_reasons(cfg, spec, arch)
         assert not problems, problems  # can_implement refuses these first
         smem = arch_info(arch).max_smem_per_block
@@ -137,14 +200,7 @@ class Sm90Family(Family):
             "producer_registers": producer_regs,
             "o_shares_q": cfg.o_shares_q(spec.head_dim_qk, spec.head_dim_v, smem),
             "smem_bytes": cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v, smem),
-            "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
-            "softmax_scale_log2": spec.softmax_scale_log2,
-            "num_sms": NUM_SMS,
             "l2_kv_bytes": cfg.l2_kv_mb * 1024 * 1024,
-            # Causal-like masks: later query tiles see more keys, so the scheduler hands them out first.
-            "longest_first": spec.window_left is None and spec.window_right is not None,
-            # None unless the spec has expressions (then: their emitted code and extra arguments).
-            "expr": expression_context(spec),
         }
 
 
