@@ -92,6 +92,7 @@ NAMES.update({name: f"t_{name}" for name in TENSOR_INPUTS})
 LEVELS = [{"q_idx"}, {"kv_idx", "score"}]
 DSL_GLOBALS = {"cute", "cutlass", "Int32", "Float32"}
 ALLOWED_CALLS = {"Int32", "Float32", "cutlass.Boolean", "cutlass.min", "cutlass.max", "cute.math.absi",
+                 "cute.fast_divmod_create_divisor_v2",
                  "cute.math.abs", "cute.math.tanh", "cute.math.exp", "cute.math.exp2", "cute.math.log",
                  "cute.math.sqrt"}
 
@@ -128,6 +129,15 @@ def test_cute_text_is_python_over_allowed_names_only(case):
             bound.add(temp)
     names, calls = _referenced(code.expr)
     assert names <= visible | temps and calls <= ALLOWED_CALLS, code.expr
+
+
+def test_invariant_division_of_an_index_makes_one_fast_divisor_per_tile():
+    tree = parse("q_idx // w == kv_idx // w and (kv_idx - q_idx) // w < 2", Role.MASK, INPUTS)
+    code = emit_cute(tree, NAMES, inputs=INPUTS, levels=LEVELS)
+    assert code.bindings[0] == (("vx_0", "cute.fast_divmod_create_divisor_v2(w)"),)
+    assert "(kv_idx // vx_0)" in code.expr
+    # kv_idx - q_idx may be negative: the flooring signed division stays.
+    assert "((kv_idx - q_idx) // w)" in code.expr
 
 
 def test_hoisting_moves_per_head_work_out_of_the_loops():
@@ -233,6 +243,8 @@ OPERATOR_TABLE = [
     "max(-q_idx, kv_idx - 30, n) > -3", "where(q_idx > kv_idx, q_idx - kv_idx, kv_idx % 4) > 2",
     "not (q_idx < kv_idx or kv_idx == 3)", "0 <= q_idx - kv_idx < 4", "(-q_idx) ** 3 < -kv_idx ** 2",
     "q_idx != kv_idx and not q_idx == seqlen_q - 1",
+    # Non-negative dividends by an invariant divisor: FastDivmod (w = 3, and 1 on the last rows).
+    "kv_idx // w == q_idx // w and kv_idx <= q_idx", "(q_idx + 2 * kv_idx) % w == 1", "kv_idx % (w + 1) == 2",
 ]
 
 

@@ -11,6 +11,11 @@ truncates (C), so `a % d` becomes `a - (a // d) * d` over the DSL's flooring `//
 `and/or/not` become `& | ~` on traced Booleans (fold.py guarantees no Python-bool
 operand reaches them).
 
+Integer division by a loop-invariant divisor of a dividend that is never negative (an index,
+say: `kv_idx // chunk`) goes through a FastDivmod divisor made where the divisor lives (a
+multiply-high and a shift per element, where a general signed floor division costs a few dozen
+instructions); the language already proves every divisor >= 1.
+
 Hoisting: a template evaluates the expression inside loops (rows, then columns).
 `levels` names what each loop level introduces (e.g. [{"q_idx"}, {"kv_idx", "score"}]);
 every non-trivial subtree that does not depend on a level's names is bound to a
@@ -76,6 +81,7 @@ class _Emitter:
         self.read = read
         self.fastmath = fastmath
         self.temp_prefix = temp_prefix
+        self.divisors: dict[str, str] = {}   # divisor text -> its FastDivmod temporary
 
     def emit(self, node: Node) -> tuple[str, int]:
         """(text, loop depth the node needs); children below the node's depth are hoisted."""
@@ -83,6 +89,8 @@ class _Emitter:
         depth = max((d for _, d in children), default=self.leaf_depth(node))
         if self.fastmath and isinstance(node, Binary) and node.op == "/" and children[1][1] < depth:
             return self.times_reciprocal(node, children, depth), depth
+        if self.divides_by_invariant(node, children, depth):
+            return self.fast_division(node, children, depth), depth
         texts = [self.bind_if_hoisted(child, text, d, depth) for child, (text, d) in zip(node.children(), children)]
         return getattr(self, f"text_{type(node).__name__}")(node, texts), depth
 
@@ -94,6 +102,28 @@ class _Emitter:
         reciprocal = f"{self.temp_prefix}{sum(map(len, self.bindings))}"
         self.bindings[b_depth].append((reciprocal, f"(Float32(1.0) / {divisor})"))
         return f"({numerator} * {reciprocal})"
+
+    def divides_by_invariant(self, node: Node, children, depth: int) -> bool:
+        """`a // b` or `a % b` with `b` not a constant (constant divisors are cheap already),
+        invariant at this depth, and `a` never negative (FastDivmod is unsigned)."""
+        if not (isinstance(node, Binary) and node.op in ("//", "%") and children[1][1] < depth):
+            return False
+        if isinstance(node.right, Const):
+            return False
+        from .intervals import static_range  # torch; emitting happens at render time only
+
+        return static_range(node.left, self.inputs)[0] >= 0
+
+    def fast_division(self, node: Binary, children, depth: int) -> str:
+        """The quotient or remainder through a FastDivmod divisor bound where the divisor lives."""
+        (a, a_depth), (b, b_depth) = children
+        dividend = self.bind_if_hoisted(node.left, a, a_depth, depth)
+        # One divisor per divisor text: `q_idx // chunk == kv_idx // chunk` makes it once.
+        divisor = self.divisors.get(b)
+        if divisor is None:
+            divisor = self.divisors[b] = f"{self.temp_prefix}{sum(map(len, self.bindings))}"
+            self.bindings[b_depth].append((divisor, f"cute.fast_divmod_create_divisor_v2({b})"))
+        return f"({dividend} {node.op} {divisor})"
 
     def leaf_depth(self, node: Node) -> int:
         return self.depth_of.get(node.id, 0) if isinstance(node, Name) else 0

@@ -19,6 +19,7 @@ from enum import IntEnum
 
 import torch
 
+from .language import STATIC_BOUNDS
 from .tree import Binary, Call, Compare, Const, Logic, Name, Node, Read, ToFloat, Type, Unary
 
 _F64 = torch.float64
@@ -68,6 +69,17 @@ class Tri(IntEnum):
 def bounds(node: Node, env: Mapping[str, Interval]) -> Interval | Truth:
     """The values `node` can take when each name (and each tensor input's elements) lies in `env`."""
     return _RULES[type(node)](node, env)
+
+
+def static_range(node: Node, inputs) -> tuple[float, float]:
+    """Bounds of `node` over every call: the built-in names' ranges (language.STATIC_BOUNDS) and
+    the declared bounds of the inputs (an InputDecl sequence), as floats (+-inf when open)."""
+    env = {name: Interval.of(*b) for name, b in STATIC_BOUNDS.items()}
+    for decl in inputs:
+        env[decl.name] = Interval.of(-math.inf if decl.min is None else decl.min,
+                                     math.inf if decl.max is None else decl.max)
+    result = bounds(node, env)
+    return float(result.lo), float(result.hi)
 
 
 def tri_codes(truth: Truth) -> torch.Tensor:

@@ -241,13 +241,9 @@ class _Builder:
     def static_range(self, node: Node) -> tuple[float, float]:
         """Bounds of `node` over every call: built-ins' ranges and the inputs' declared bounds."""
         # Imported here: intervals needs torch, which `import fa_gen` must not pull in.
-        from .intervals import Interval, bounds
+        from .intervals import static_range
 
-        env = {name: Interval.of(*b) for name, b in lang.STATIC_BOUNDS.items()}
-        for decl in self.inputs:
-            env[decl.name] = Interval.of(_bound(decl.min, -math.inf), _bound(decl.max, math.inf))
-        result = bounds(node, env)
-        return float(result.lo), float(result.hi)
+        return static_range(node, self.inputs)
 
     # --- operators ------------------------------------------------------------------------------
 
@@ -410,10 +406,6 @@ def _describe(node: ast.AST) -> str:
 def _example_read(decl: InputDecl) -> str:
     indices = [decl.index_name(d) or "0" for d in range(len(decl.shape))]
     return f"{decl.name}[{', '.join(indices)}]"
-
-
-def _bound(value, default: float) -> float:
-    return default if value is None else float(value)
 
 
 def _num(x: float) -> str:

@@ -424,13 +424,15 @@ class FlashAttentionForward:
     @cute.jit
     def apply_mask(self, ops: Operands, acc_S_mn: cute.Tensor, n_block: Int32):
         """Set scores of keys invisible to their query (seqlen_k tail, window) to -inf."""
+        mk_0 = cute.fast_divmod_create_divisor_v2(ops.x_chunk)
+
         for r in cutlass.range_constexpr(cute.size(acc_S_mn.shape[0])):
             q_idx = (ops.m_block * TILE_M) + ops.tScS[r, 0][0]
-            mk_0 = (q_idx // ops.x_chunk)
+            mk_1 = (q_idx // mk_0)
 
             for c in cutlass.range_constexpr(cute.size(acc_S_mn.shape[1])):
                 kv_idx = (n_block * TILE_N) + ops.tScS[0, c][1]
-                visible = (kv_idx < ops.seqlen_k) & ((mk_0 == (kv_idx // ops.x_chunk)) & (kv_idx <= q_idx))
+                visible = (kv_idx < ops.seqlen_k) & ((mk_1 == (kv_idx // mk_0)) & (kv_idx <= q_idx))
                 acc_S_mn[r, c] = acc_S_mn[r, c] if visible else -Float32.inf
 
     @cute.jit
