@@ -140,7 +140,13 @@ class Spec:
         return out
 
     def canonical_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        # Memoised (a frozen spec's JSON never changes): per-call paths compare it (a plan's
+        # check_call, the custom op's spec lookup), and making it costs ~20 us.
+        text = self.__dict__.get("_canonical_json")
+        if text is None:
+            text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "_canonical_json", text)
+        return text
 
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
