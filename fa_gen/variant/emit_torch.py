@@ -59,14 +59,23 @@ class _Emitter:
     def emit(self, node: Node) -> Fn:
         return getattr(self, f"emit_{type(node).__name__}")(node)
 
+    # Numbers become tensors through torch.full, which tracers (make_fx under FakeTensorMode, as
+    # torch.compile traces a backward) record as they record any op; torch.tensor they do not.
+
     def emit_Const(self, node: Const) -> Fn:
         dtype = self.dtype(node.type)
-        return lambda env, device: torch.tensor(node.value, dtype=dtype, device=device)
+        return lambda env, device: torch.full((), node.value, dtype=dtype, device=device)
 
     def emit_Name(self, node: Name) -> Fn:
         dtype = self.dtype(node.type)
-        # dtype at creation: a Python float through the default float32 would lose its low bits.
-        return lambda env, device: torch.as_tensor(env[node.id], dtype=dtype, device=device)
+
+        def name(env, device):
+            value = env[node.id]
+            if isinstance(value, torch.Tensor):
+                return value.to(dtype=dtype, device=device)
+            # dtype at creation: a Python float through the default float32 would lose its low bits.
+            return torch.full((), value, dtype=dtype, device=device)
+        return name
 
     def emit_Read(self, node: Read) -> Fn:
         indices = [self.emit(i) for i in node.indices]
