@@ -3,7 +3,8 @@
 Two custom ops wrap the compiled kernels, and `register_autograd` joins them:
 
     fa_gen::attention_forward(q, k, v, spec_key, deterministic, tensors, scalars) -> (out, lse)
-    fa_gen::attention_backward(dout, q, k, v, out, lse, spec_key, deterministic) -> (dq, dk, dv)
+    fa_gen::attention_backward(dout, q, k, v, out, lse, spec_key, deterministic, tensors, scalars)
+        -> (dq, dk, dv)
 
 A custom op's schema holds tensors and plain values, never a Python object, so the spec travels
 as `spec_key`, its canonical JSON; a process-wide registry maps the key back to the Spec.
@@ -12,7 +13,9 @@ a key the registry lacks (a graph reused in a fresh process, say) is an error th
 register it. Both ops have fake implementations (shapes only) for FakeTensor and meta tensors.
 `lse` is an output, not a differentiable one: gradients flow through `out` only.
 A spec's declared inputs (fa_gen.variant) travel as `tensors` and `scalars`, each in declared
-order; they take no gradient, and specs with expressions have no backward kernel yet.
+order, to the forward and the backward kernel alike. Tensors read by a sink expression alone
+get their gradient (fa_gen.variant.sink_grad); any other input that requires grad is an error
+at the call, never a silent None.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .errors import InputError
+from .errors import InputError, UnsupportedError
 from .spec import Spec
 
 _SPECS: dict[str, Spec] = {}
@@ -123,17 +126,20 @@ def _attention_forward_fake(q, k, v, spec_key, deterministic, tensors, scalars):
 
 @torch.library.custom_op("fa_gen::attention_backward", mutates_args=(), device_types="cuda")
 def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       out: torch.Tensor, lse: torch.Tensor, spec_key: str,
-                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) for the upstream gradient `dout` of `out`."""
+                       out: torch.Tensor, lse: torch.Tensor, spec_key: str, deterministic: bool,
+                       tensors: list[torch.Tensor],
+                       scalars: list[float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) for the upstream gradient `dout` of `out`; the spec's inputs as the forward took them."""
     from .backward import build_backward
 
+    spec = spec_from_key(spec_key)
     # Autograd may hand over a gradient in any layout; the kernel wants aligned rows.
-    return build_backward(spec_from_key(spec_key))(dout.contiguous(), q, k, v, out, lse, deterministic)
+    return build_backward(spec)(dout.contiguous(), q, k, v, out, lse, deterministic,
+                                inputs=_inputs_by_name(spec, tensors, scalars))
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(dout, q, k, v, out, lse, spec_key, deterministic):
+def _attention_backward_fake(dout, q, k, v, out, lse, spec_key, deterministic, tensors, scalars):
     spec_from_key(spec_key)  # a missing spec fails while tracing, not at run time
     # Contiguous, as the kernel's outputs are.
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -141,31 +147,66 @@ def _attention_backward_fake(dout, q, k, v, out, lse, spec_key, deterministic):
 
 def _setup_context(ctx, inputs, output):
     q, k, v, key, deterministic, tensors, scalars = inputs
-    ctx.num_inputs = (len(tensors), len(scalars))
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, *tensors)
+    ctx.scalars = list(scalars)
     ctx.spec_key = key
     ctx.deterministic = deterministic
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, *tensors = ctx.saved_tensors
     if dout is None:  # only lse was used, which carries no gradient
         dout = torch.zeros_like(out)
-    if _plain_eager(dout, q, k, v, out, lse):
+    dout = dout.contiguous()  # autograd may hand over any layout; the kernel wants aligned rows
+    spec = spec_from_key(ctx.spec_key)
+    if _plain_eager(dout, q, k, v, out, lse, *tensors):
         # Eager autograd on plain tensors: the op's own body, without the dispatcher's round trip.
         from .backward import build_backward
 
-        dq, dk, dv = build_backward(spec_from_key(ctx.spec_key))(dout.contiguous(), q, k, v, out, lse,
-                                                                 ctx.deterministic)
+        dq, dk, dv = build_backward(spec)(dout, q, k, v, out, lse, ctx.deterministic,
+                                          inputs=_inputs_by_name(spec, tensors, ctx.scalars))
     else:
         # Traced (torch.compile, FakeTensor, a dispatch mode): the op, which tracing records.
         dq, dk, dv = torch.ops.fa_gen.attention_backward.default(dout, q, k, v, out, lse, ctx.spec_key,
-                                                                 ctx.deterministic)
-    # No gradient for the spec's inputs: one None per element of each list.
-    num_tensors, num_scalars = ctx.num_inputs
-    return dq, dk, dv, None, None, [None] * num_tensors, [None] * num_scalars
+                                                                 ctx.deterministic, tensors, ctx.scalars)
+    input_grads = _input_gradients(ctx.spec_key, ctx.needs_input_grad[5], tensors, ctx.scalars, out, dout, lse,
+                                   k.shape[1])
+    return dq, dk, dv, None, None, input_grads, [None] * len(ctx.scalars)
+
+
+def _input_gradients(key: str, needs_grad, tensors, scalars, out, dout, lse, seqlen_k) -> list:
+    """One gradient (or None where none is wanted) per tensor input, in declared order."""
+    from .variant.sink_grad import sink_input_gradients
+
+    spec = spec_from_key(key)
+    decls = [d for d in spec.inputs if not d.is_scalar]
+    wanted = {d.name for d, needed in zip(decls, needs_grad) if needed}
+    if not wanted:
+        return [None] * len(tensors)
+    _refuse_gradients(spec, wanted, differentiable_input_names(key))
+    grads = sink_input_gradients(spec, _inputs_by_name(spec, tensors, scalars), wanted, out, dout, lse, seqlen_k)
+    return [grads.get(d.name) for d in decls]
+
+
+@torch.compiler.assume_constant_result
+def differentiable_input_names(key: str) -> tuple[str, ...]:
+    """The inputs of the spec registered under `key` whose gradient the backward gives
+    (fa_gen.variant.sink_grad); torch.compile keeps the answer as a constant."""
+    from .variant.sink_grad import differentiable_inputs
+
+    return tuple(sorted(differentiable_inputs(spec_from_key(key))))
+
+
+def _refuse_gradients(spec: Spec, names, allowed: tuple[str, ...]) -> None:
+    """Inputs whose gradient the backward does not give may not require one."""
+    refused = sorted(set(names) - set(allowed))
+    if refused:
+        raise UnsupportedError(f"gradient of spec {spec.name!r}'s input {refused[0]!r}", [
+            "the backward gives gradients of float tensors read by the sink expression alone; a score "
+            "mod's inputs would need a reduction of dS over every (query, key) pair; detach the input "
+            "(or pass it with requires_grad=False)"])
 
 
 def _plain_eager(*tensors) -> bool:
@@ -186,12 +227,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
 
     deterministic: a backward with no order-dependent atomics (bitwise reproducible);
     None follows `torch.are_deterministic_algorithms_enabled()`.
-    inputs: name -> tensor or number for the spec's declared inputs (no gradient flows to them).
+    inputs: name -> tensor or number for the spec's declared inputs. Float tensors read by the
+    sink expression alone may require grad (they get one); any other that does is an error.
     """
     key = spec_key(spec)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     declared = spec_from_key(key)
     tensors, scalars = _inputs_as_lists(declared, inputs) if inputs or declared.inputs else ([], [])
+    if torch.is_grad_enabled():
+        decls = [d for d in declared.inputs if not d.is_scalar]
+        wanted = [d.name for d, t in zip(decls, tensors) if t.requires_grad]
+        if wanted:
+            _refuse_gradients(declared, wanted, differentiable_input_names(key))
     out, lse = attention_forward(q, k, v, key, bool(deterministic), tensors, scalars)
     return (out, lse) if returns_lse(key) else out

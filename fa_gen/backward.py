@@ -7,15 +7,20 @@ launches the pre-pass, the main kernel and the dQ post-pass on PyTorch's current
 
     bwd = fa_gen.backward.build_backward("causal_bf16_d128")
     dq, dk, dv = bwd(dout, q, k, v, out, lse)
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, inputs={...})   # a spec with inputs: the forward's
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 
+from .archs import family_named
+from .backward_plan import BackwardPlan, make_backward_plan
 from .errors import InputError, UnsupportedError
+from .plan import reads_tensors
 from .runtime import CompiledKernel, _check_shapes, _check_strides, current_arch, load_kernel_function
 from .runtime import resolve_spec
 from .spec import Spec
@@ -30,17 +35,62 @@ KIND = "backward"
 class Backward(CompiledKernel):
     """A compiled backward kernel for one spec on one arch: `dq, dk, dv = bwd(dout, q, k, v, out, lse)`."""
 
+    def __init__(self, spec: Spec, arch: str, function, info):
+        super().__init__(spec, arch, function, info)
+        # Plans of masks that read no tensor, by shapes, device and scalars (fa_gen.backward_plan).
+        self._plans: dict[tuple, BackwardPlan] = {}
+
     def __call__(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 out: torch.Tensor, lse: torch.Tensor, deterministic: bool = False):
+                 out: torch.Tensor, lse: torch.Tensor, deterministic: bool = False, inputs=None,
+                 plan: BackwardPlan | None = None):
         """Gradients of the attention output `out` (with its `lse`, both from the forward) for
-        the upstream gradient `dout`. With `deterministic`, results are bitwise reproducible."""
+        the upstream gradient `dout`. With `deterministic`, results are bitwise reproducible.
+        `inputs`: the spec's declared inputs, as the forward took them; or `plan`: those inputs
+        checked and the mask classified once by `self.plan` (fa_gen.backward_plan)."""
         self._check(dout, q, k, v, out, lse)
+        extra = self._extra_arguments(q, k, inputs, plan)
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         if q.numel() == 0 or k.numel() == 0:
             return dq.zero_(), dk.zero_(), dv.zero_()
         workspace = _workspace(q, self.spec.head_dim_qk)
-        self._function(q, k, v, out, dout, lse, dq, dk, dv, *workspace, int(bool(deterministic)))
+        self._function(q, k, v, out, dout, lse, dq, dk, dv, *workspace, int(bool(deterministic)), *extra)
         return dq, dk, dv
+
+    def plan(self, q: torch.Tensor, k: torch.Tensor, inputs=None) -> BackwardPlan:
+        """The spec's inputs checked, and its mask expression classified for this kernel's tiles,
+        for calls with q's and k's shapes: pass it as `bwd(..., plan=...)`."""
+        for name, t in (("q", q), ("k", k)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise InputError(f"{name} must be a 4-D torch.Tensor (batch, seqlen, heads, head_dim)")
+        if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+            raise InputError(f"heads of q ({q.shape[2]}) must be a multiple of heads of k ({k.shape[2]}) (GQA/MQA)")
+        return make_backward_plan(self.spec, self._tiles, q, k, inputs)
+
+    def _extra_arguments(self, q, k, inputs, plan) -> tuple:
+        """What the kernel takes after `deterministic`: the spec's inputs and mask schedule, if any."""
+        if plan is not None:
+            if inputs is not None:
+                raise InputError("pass inputs or a plan (which holds its inputs), not both")
+            if not isinstance(plan, BackwardPlan):
+                raise InputError("this plan was made for the forward kernel; make the backward's with Backward.plan")
+            plan.check_call(self.spec, self._tiles, q, k, backward=True)
+            return plan.arguments
+        if not (self.spec.inputs or inputs or self.spec.mask_expr):
+            return ()
+        if reads_tensors(self.spec):
+            return self.plan(q, k, inputs).arguments
+        key = (*q.shape[:3], *k.shape[1:3], q.device, tuple(sorted((inputs or {}).items())))
+        if key not in self._plans:
+            self._plans[key] = self.plan(q, k, inputs)
+        return self._plans[key].arguments
+
+    @functools.cached_property
+    def _tiles(self) -> tuple[int, int]:
+        """(tile_m, tile_n) of this backward kernel (its render context): what a mask is classified for."""
+        if self.spec.mask_expr is None:
+            return (0, 0)
+        tiles = family_named(self.info.family).kind_context(self.spec, self.arch, KIND)["bwd"]
+        return tiles["tile_m"], tiles["tile_n"]
 
     def _check(self, dout, q, k, v, out, lse) -> None:
         spec = self.spec

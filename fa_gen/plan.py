@@ -54,7 +54,17 @@ def make_plan(spec: Spec, tiles: tuple[int, int], q: torch.Tensor, k: torch.Tens
     """Check `inputs` against the spec for q's and k's shapes and classify the mask's key tiles."""
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k = k.shape[1]
-    sizes = {"batch": batch, "heads_q": heads_q, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    bound, arguments = bind_arguments(spec, q, k, inputs)
+    if spec.mask_tree is not None:
+        arguments.extend(_tile_schedule(spec, tiles, bound, batch, heads_q, seqlen_q, seqlen_k, q.device))
+    return CallPlan(spec.canonical_json(), tiles, (batch, heads_q, seqlen_q, seqlen_k), q.device, tuple(arguments))
+
+
+def bind_arguments(spec: Spec, q: torch.Tensor, k: torch.Tensor, inputs) -> tuple[dict, list]:
+    """`inputs` checked against the spec for q's and k's shapes: (name -> value, scalars' defaults
+    filled in; the kernel arguments they make, in declared order, tensors contiguous on q's device)."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    sizes = {"batch": batch, "heads_q": heads_q, "seqlen_q": seqlen_q, "seqlen_k": k.shape[1]}
     bound = bind_inputs(spec.inputs, inputs, sizes)
     arguments = []
     for decl in spec.inputs:
@@ -64,9 +74,7 @@ def make_plan(spec: Spec, tiles: tuple[int, int], q: torch.Tensor, k: torch.Tens
                 raise InputError(f"input {decl.name!r} is on {value.device}; q is on {q.device}")
             value = value.contiguous()
         arguments.append(value)
-    if spec.mask_tree is not None:
-        arguments.extend(_tile_schedule(spec, tiles, bound, batch, heads_q, seqlen_q, seqlen_k, q.device))
-    return CallPlan(spec.canonical_json(), tiles, (batch, heads_q, seqlen_q, seqlen_k), q.device, tuple(arguments))
+    return bound, arguments
 
 
 def _tile_schedule(spec: Spec, tiles, bound, batch, heads_q, seqlen_q, seqlen_k, device):

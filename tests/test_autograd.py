@@ -34,7 +34,7 @@ def test_fake_shapes_follow_the_spec():
         out, lse = torch.ops.fa_gen.attention_forward(q, k, v, key, False, [], [])
         assert out.shape == (2, 37, 8, 128) and out.dtype == torch.bfloat16
         assert lse.shape == (2, 8, 37) and lse.dtype == torch.float32
-        dq, dk, dv = torch.ops.fa_gen.attention_backward(out, q, k, v, out, lse, key, True)
+        dq, dk, dv = torch.ops.fa_gen.attention_backward(out, q, k, v, out, lse, key, True, [], [])
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
         assert dq.is_contiguous() and dk.is_contiguous() and dv.is_contiguous()
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fa_gen.check import Shape, random_inputs
-from fa_gen.reference import attention_reference, attention_same_precision, visibility
+from fa_gen.reference import _logits, attention_reference, attention_same_precision
 
 from .variants import variant_specs
 
@@ -96,26 +96,39 @@ def _rounding_floor(ref: torch.Tensor, dtype: torch.dtype) -> float:
     return 2 * float((x + 0.3 - 0.3 - x).abs().max().item()) if x.numel() else 0.0
 
 
-def _rounded_o_effect(q, k, v, dout, spec) -> dict:
+def _rounded_o_effect(q, k, v, dout, spec, inputs=None) -> dict:
     """How far the float64 gradients move when D = rowsum(dO * O) uses O rounded to q.dtype.
 
     FlashAttention's backward (ours too) computes D from the stored output, which is rounded
     to the input dtype; PyTorch's autograd never does, so its error cannot stand for this
     one. Found on the H200: fp16, sq=129, sk=2, causal, where dq/dk erred ~2 ulp by it alone.
+    Under a score mod, dS carries its derivative (taken here by autograd through the reference's
+    logits); a sink logit enters through the LSE.
     """
     qd, kd, vd, dod = (t.double() for t in (q, k, v, dout))
     group = q.shape[2] // k.shape[2]
     kx, vx = kd.repeat_interleave(group, dim=2), vd.repeat_interleave(group, dim=2)
-    visible = visibility(spec, q.shape[1], k.shape[1], device=q.device)
-    scores = (torch.einsum("bqhd,bkhd->bhqk", qd, kx) * spec.softmax_scale).masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    probs = torch.exp(scores - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse))
+    scores = torch.einsum("bqhd,bkhd->bhqk", qd, kx) * spec.softmax_scale
+    slope = 1.0
+    if spec.score_mod_expr is not None:
+        with torch.enable_grad():
+            scores.requires_grad_()
+            logits, sink = _logits(scores, spec, inputs)
+            # d(logit)/d(score) per element: the mod's derivative where visible, 0 where masked.
+            (slope,) = torch.autograd.grad(logits, scores, torch.ones_like(logits))
+        logits, scores = logits.detach(), scores.detach()
+    else:
+        logits, sink = _logits(scores, spec, inputs)
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    if sink is not None:
+        lse = torch.logaddexp(lse, sink.detach().unsqueeze(-1))
+    probs = torch.exp(logits - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse))
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vx)
     dprobs = torch.einsum("bqhd,bkhd->bhqk", dod, vx)
 
     def grads(o):
         row_dot = (dod * o).sum(-1).permute(0, 2, 1).unsqueeze(-1)   # D: (b, h, sq, 1)
-        dscores = probs * (dprobs - row_dot) * spec.softmax_scale
+        dscores = probs * (dprobs - row_dot) * slope * spec.softmax_scale
         dq = torch.einsum("bhqk,bkhd->bqhd", dscores, kx)
         dk = torch.einsum("bhqk,bqhd->bkhd", dscores, qd)
         return dq, dk.unflatten(2, (k.shape[2], group)).sum(3)
@@ -128,21 +141,24 @@ def _max_abs(diff: torch.Tensor) -> float:
     return float(diff.abs().max().item()) if diff.numel() else 0.0
 
 
-def run_backward(kernels_pair, q, k, v, dout, deterministic=False):
+def run_backward(kernels_pair, q, k, v, dout, deterministic=False, inputs=None):
     forward, backward = kernels_pair
-    out, lse = forward.forward(q, k, v)
-    return backward(dout, q, k, v, out, lse, deterministic=deterministic)
+    out, lse = forward.forward(q, k, v, inputs=inputs)
+    return backward(dout, q, k, v, out, lse, deterministic=deterministic, inputs=inputs)
 
 
-def check_backward(kernels_pair, shape: Shape, seed: int, deterministic: bool = False) -> GradCheck:
+def check_backward(kernels_pair, shape: Shape, seed: int, deterministic: bool = False, inputs=None,
+                   generator: torch.Generator | None = None) -> GradCheck:
+    """dq, dk, dv of the pair on fresh random q, k, v, dout (`inputs`: the spec's declared inputs)."""
     spec = kernels_pair[0].spec
-    generator = torch.Generator(device="cuda").manual_seed(seed)
+    generator = generator or torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = random_inputs(spec, shape, kernels_pair[0]._dtype, "cuda", generator)
     dout = torch.randn(*q.shape[:3], spec.head_dim_v, generator=generator, device="cuda").to(q.dtype)
-    grads = run_backward(kernels_pair, q, k, v, dout, deterministic)
-    ref = _autograd(lambda *t: attention_reference(*t, spec)[0], (q.double(), k.double(), v.double()), dout.double())
-    same = _autograd(lambda *t: attention_same_precision(*t, spec), (q, k, v), dout)
-    rounded_o = _rounded_o_effect(q, k, v, dout, spec)
+    grads = run_backward(kernels_pair, q, k, v, dout, deterministic, inputs)
+    ref = _autograd(lambda *t: attention_reference(*t, spec, inputs=inputs)[0], (q.double(), k.double(), v.double()),
+                    dout.double())
+    same = _autograd(lambda *t: attention_same_precision(*t, spec, inputs=inputs), (q, k, v), dout)
+    rounded_o = _rounded_o_effect(q, k, v, dout, spec, inputs)
     errors, tolerances = {}, {}
     for name, got, r, pt in zip(GRADS, grads, ref, same):
         errors[name] = _max_abs(got.double() - r)

@@ -35,9 +35,20 @@ def test_expression_specs_render_with_their_arguments(spec, arch):
     assert ("apply_score_mod" in text) == (spec.score_mod_expr is not None)
 
 
-def test_expression_specs_render_no_backward():
-    spec = EXPRESSION_SPECS[0]
-    assert list(generate.expected_files(spec)) and all(p.name == "forward.py" for p in generate.expected_files(spec))
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("spec", EXPRESSION_SPECS, ids=[s.name for s in EXPRESSION_SPECS])
+def test_expression_specs_render_their_backward(spec, arch):
+    """The backward takes the forward's inputs, the query-tile lists under a mask expression, and
+    applies a score mod in place (constant derivative) or with its derivative in one pass."""
+    assert any(p.name == "backward.py" for p in generate.expected_files(spec))
+    text = render(spec, arch, kind="backward").text
+    for decl in spec.inputs:
+        assert f"x_{decl.name}: " in text, decl.name
+    assert ("mTileList" in text) == (spec.mask_expr is not None)
+    assert "mTileOrder" not in text
+    varies = spec.name == "softcap"   # the shipped mod whose derivative is not a constant
+    assert ("def probs_and_score_gradient" in text) == varies
+    assert ("def apply_score_mod" in text) == (spec.score_mod_expr is not None and not varies)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

@@ -22,10 +22,7 @@ class Family:
 
     def kernel_files(self, spec: Spec | None = None) -> dict[str, tuple[str, str]]:
         """Every kernel kind this family renders (for `spec`, when given): kind -> (template,
-        rendered filename). Expression specs get the forward kernel only: no family's extra
-        kernels (the backward) implement expressions yet."""
-        if spec is not None and spec.uses_expressions:
-            return {"forward": (self.forward_template, self.forward_filename)}
+        rendered filename); an extra kind that `kind_reasons` refuses for `spec` is left out."""
         extra = {kind: files for kind, files in self.extra_kernels.items()
                  if spec is None or not self.kind_reasons(spec, kind)}
         return {"forward": (self.forward_template, self.forward_filename), **extra}

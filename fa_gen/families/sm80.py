@@ -12,7 +12,7 @@ from ..archs import arch_info
 from ..spec import DType, Spec
 from .base import Family, dtype_and_head_dim_reasons
 from .warp_tiles import smem_atom_cols, tile_reasons
-from .expressions import expression_context
+from .expressions import backward_expression_context, expression_context
 
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 
@@ -94,8 +94,7 @@ class Sm80Family(Family):
     archs = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120a")
     tuning_params = ("tile_m", "tile_n", "num_warps")
     extra_kernels = {"backward": ("backward.py.j2", "backward.py")}
-    # Forward only: score mods and masks (sink logits refused in spec_reasons); the backward
-    # template has no expressions yet, so kernel_files leaves it out for expression specs.
+    # Score mods, mask expressions and sink logits, in the forward and the backward.
     supports_expressions = True
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
@@ -108,7 +107,7 @@ class Sm80Family(Family):
         # and 7% faster at d128 (s 4k, 16k) and 1.3% slower at d64 (tile_m 128).
         ascending = spec.window_right is None and max(spec.head_dim_qk, spec.head_dim_v) >= 128
         return {"bwd": asdict(cfg), "smem_atom_cols_pds": smem_atom_cols(cfg.tile_n),
-                "bwd_ascending": ascending}
+                "bwd_ascending": ascending, "expr": backward_expression_context(spec)}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
         cfg = tile_config(spec, arch)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from ..archs import arch_info
 from ..spec import Spec
+from .expressions import backward_expression_context
 
 # Key rows per MMA warpgroup (the M of one wgmma) and the warpgroups that share a key tile.
 ROWS_PER_WARPGROUP = 64
@@ -94,6 +95,8 @@ def kind_context(spec: Spec, arch: str) -> dict:
         # tile add their dQ in key-tile order after a short skew (as the sm80 backward does).
         "bwd_ascending": spec.window_right is None,
         "bwd_prepare_lanes": _prepare_lanes(spec.head_dim_v),
+        # Replaces the forward's: the backward's names and per-call schedule (fa_gen.backward_plan).
+        "expr": backward_expression_context(spec),
     }
 
 

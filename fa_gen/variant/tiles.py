@@ -188,3 +188,53 @@ def visit_order(lists: torch.Tensor, batch: int, heads_q: int) -> torch.Tensor:
     visits = lists[..., 1].expand(batch, heads_q, num_m).reshape(-1).to(torch.int64)
     head = torch.arange(visits.numel(), device=visits.device) // num_m
     return torch.argsort(head * (num_m * 2 + 1) - visits, stable=True).to(torch.int32)
+
+
+def query_tile_lists(codes: torch.Tensor, seqlen_k: int, tile_n: int, group: int) -> torch.Tensor:
+    """int32 (batch or 1, heads_kv or 1, key tiles, 1 + 2 * width), width = group * query tiles + 1:
+    per key tile of one K/V head, the (query head, query tile) pairs a backward pass visits, from
+    `classify_tiles` codes made with the backward's tile sizes (the transpose of key_tile_lists).
+
+    A backward CTA owns one key tile of one K/V head and walks the query tiles of each of the
+    `group` = heads_q / heads_kv query heads that share that K/V head, so one row lists them all: [n_visit, entry_0 .. entry_{width-1}, turn_0 .. turn_{width-1}], where
+        entry = ((g * query tiles + m_block) << 1) | masked
+    for the g-th query head of the group, with `masked` set for MAYBE tiles (they take the element
+    mask), and turn = how many lower key tiles visit that (head, query tile): in deterministic
+    mode a CTA adds its dQ after exactly that many others have. Per head, MAYBE tiles come first,
+    then ALWAYS ones, each in ascending order; NEVER tiles are left out. Entries and turns past
+    n_visit are -1 (at least one: a kernel may read one entry ahead of its last). The key tile
+    holding the seqlen_k tail is MAYBE for every query tile that sees it (its keys past seqlen_k
+    need the bounds check). The head axis keeps size 1 when the codes do (mask independent of h);
+    kernels index it with min(head_kv, size - 1).
+    """
+    codes = codes.to(torch.int32)
+    if seqlen_k % tile_n:
+        codes = codes.clone()
+        codes[..., -1] = torch.where(codes[..., -1] == int(Tri.ALWAYS), int(Tri.MAYBE), codes[..., -1])
+    visit = codes != int(Tri.NEVER)
+    masked = codes == int(Tri.MAYBE)
+    # (.., m, n): lower key tiles that visit the same (head, query tile).
+    turns = torch.cumsum(visit.to(torch.int32), dim=-1, dtype=torch.int32) - visit.to(torch.int32)
+    batch, heads, num_m, num_n = codes.shape
+    heads_kv, per_group = (heads // group, group) if heads > 1 else (1, 1)
+
+    def by_key_tile(x: torch.Tensor) -> torch.Tensor:
+        # (b, heads, m, n) -> (b, heads_kv, n, group * m): a key tile's candidates, head by head.
+        x = x.reshape(batch, heads_kv, per_group, num_m, num_n).expand(batch, heads_kv, group, num_m, num_n)
+        return x.permute(0, 1, 4, 2, 3).reshape(batch, heads_kv, num_n, group * num_m)
+
+    visit, masked, turns = by_key_tile(visit), by_key_tile(masked), by_key_tile(turns)
+    width = group * num_m
+    slot = torch.arange(width, device=codes.device, dtype=torch.int64)
+    head_of, m_of = slot // num_m, slot % num_m
+    # Sort key: head, then masked before always-visible, then m; unvisited ones last.
+    key = head_of * 2 * num_m + (~masked).to(torch.int64) * num_m + m_of
+    key = torch.where(visit, key, 2 * width)
+    order = torch.argsort(key, dim=-1)
+    entries = ((slot << 1) | masked.to(torch.int64)).gather(-1, order)
+    turns = turns.to(torch.int64).gather(-1, order)
+    n_visit = visit.sum(dim=-1, dtype=torch.int32)
+    listed = torch.arange(width + 1, device=codes.device) < n_visit[..., None]
+    entries = torch.where(listed, torch.nn.functional.pad(entries, (0, 1)), -1)
+    turns = torch.where(listed, torch.nn.functional.pad(turns, (0, 1)), -1)
+    return torch.cat([n_visit[..., None], entries.to(torch.int32), turns.to(torch.int32)], dim=-1).contiguous()

@@ -235,7 +235,8 @@ class FlashAttentionBackward:
         self.prepare(mO, mdO, mLSE, mdQaccum, mLSElog2, mDPsum, mSemaphore).launch(
             grid=(cute.ceil_div(mQ.shape[1], PREPARE_ROWS), heads_q, batch), block=[PREPARE_ROWS, 1, 1],
             stream=stream)
-        self.launch_main(mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic, stream)
+        self.launch_main(mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic,
+                         stream)
         self.launch_finalize_dq(mdQaccum, mdQ, stream)
 
     @cute.jit
@@ -255,7 +256,8 @@ class FlashAttentionBackward:
             smem=StorageDQ.size_in_bytes(), stream=stream)
 
     @cute.jit
-    def launch_main(self, mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic, stream):
+    def launch_main(self, mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic,
+                    stream):
         """TMA atoms and shared-memory layouts, then one CTA per (key tile, K/V head, batch entry)."""
         # TMA and the kernel see (seqlen, head_dim, heads, batch): the tile modes first.
         mQ_t, mK_t, mV_t, mdO_t, mdK_t, mdV_t = [swap_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
@@ -434,6 +436,8 @@ class FlashAttentionBackward:
         m_block_free_hi = cutlass.max(cutlass.min(m_block_free_hi, m_block_hi), m_block_free_lo)
         work.m_block_lo, work.m_block_hi = m_block_lo, m_block_hi
         work.m_block_free_lo, work.m_block_free_hi = m_block_free_lo, m_block_free_hi
+        # (query head, query tile) pairs this CTA visits.
+        work.num_visits = work.group * (m_block_hi - m_block_lo)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
@@ -451,7 +455,7 @@ class FlashAttentionBackward:
             # A key tile no query row sees still stores dK = dV = 0.
             ops.acc_dK.fill(0.0)
             ops.acc_dV.fill(0.0)
-            if m_block_hi > m_block_lo:
+            if work.num_visits > 0:
                 self.mainloop(ops, work)
             self.epilogue(ops, work, mdK, mdV, smem, tma_atom_dK, tma_atom_dV)
 
@@ -550,7 +554,7 @@ class FlashAttentionBackward:
         """Per query tile: wait for each warpgroup's half, add it to the accumulator, and hand
         the buffer back once the reduction has read it. With `deterministic`, wait first for
         every earlier key tile to have added its part to this query tile."""
-        if work.m_block_hi > work.m_block_lo:
+        if work.num_visits > 0:
             for wg in cutlass.range_constexpr(MMA_WARPGROUPS):
                 # The buffers start empty.
                 cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + wg, number_of_threads=DQ_BARRIER_THREADS)
@@ -568,8 +572,8 @@ class FlashAttentionBackward:
         gdQaccum = cute.local_tile(stores.mdQaccum[work.batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
         semaphore = stores.mSemaphore.iterator + cute.crd2idx((work.batch, head, m_block), stores.mSemaphore.layout)
         if stores.deterministic != 0:
-            self.wait_for_turn(work, semaphore, m_block, lane)
-        more = count + 1 < work.group * (work.m_block_hi - work.m_block_lo)
+            self.wait_for_turn(work, semaphore, m_block, count, lane)
+        more = count + 1 < work.num_visits
         for wg in cutlass.range_constexpr(MMA_WARPGROUPS):
             cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + wg, number_of_threads=DQ_BARRIER_THREADS)
             if lane == 0:
@@ -589,7 +593,7 @@ class FlashAttentionBackward:
         return count + 1
 
     @cute.jit
-    def wait_for_turn(self, work: Operands, semaphore, m_block, lane):
+    def wait_for_turn(self, work: Operands, semaphore, m_block, position, lane):
         """Deterministic mode: spin until every earlier key tile that sees this query tile has
         added its dQ (a query tile's key tiles are contiguous: the forward's range)."""
         seqlen_q = work.seqlen_q
@@ -607,9 +611,10 @@ class FlashAttentionBackward:
         # Keep lo <= free_lo <= free_hi <= hi.
         turn_free_hi = cutlass.max(cutlass.min(turn_free_hi, turn_hi), turn_lo)
         turn_free_lo = cutlass.max(cutlass.min(turn_free_lo, turn_free_hi), turn_lo)
+        turn = work.n_block - turn_lo
         if lane == 0:
             arrived = cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu")
-            while arrived != work.n_block - turn_lo:
+            while arrived != turn:
                 arrived = cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu")
         cute.arch.sync_warp()
 
@@ -689,7 +694,7 @@ class FlashAttentionBackward:
         warpgroup.wait_group(1)
         acc_S_qk = query_key_view(acc_S)
         if masked:
-            self.apply_mask(ops, acc_S_qk, m_block)
+            self.apply_mask(ops, acc_S_qk, head, m_block)
         for r in cutlass.range_constexpr(cute.size(acc_S_qk.shape[0])):
             row_lse_log2 = lse_log2[r]
             for c in cutlass.range_constexpr(cute.size(acc_S_qk.shape[1])):
@@ -750,7 +755,7 @@ class FlashAttentionBackward:
         cute.arch.barrier_arrive(barrier_id=barrier_full, number_of_threads=DQ_BARRIER_THREADS)
 
     @cute.jit
-    def apply_mask(self, ops: Operands, acc_S_qk: cute.Tensor, m_block: Int32):
+    def apply_mask(self, ops: Operands, acc_S_qk: cute.Tensor, head: Int32, m_block: Int32):
         """Set scores of keys invisible to their query (seqlen_k tail, window) to -inf."""
         seqlen_k = ops.work.seqlen_k
         # Columns are compared as thread-0 constants: shift every limit by this thread's column.

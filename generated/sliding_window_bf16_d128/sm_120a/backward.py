@@ -480,18 +480,19 @@ class FlashAttentionBackward:
             last = g * tiles + m_block_hi - 1
             for m_block in cutlass.range(m_block_hi - 1, m_block_lo - 1, -1, unroll=1):
                 masked = (m_block < m_block_free_lo) | (m_block >= m_block_free_hi)
-                self.step(ops, head, m_block, last - m_block, m_block_lo, m_block_hi, more_heads, masked)
+                # The tile after this one: the previous query tile, or the last one of the next head.
+                last_of_head = m_block <= m_block_lo
+                next_head = head + 1 if last_of_head else head
+                next_m_block = m_block_hi - 1 if last_of_head else m_block - 1
+                has_next = (m_block > m_block_lo) | more_heads
+                self.step(ops, head, m_block, last - m_block, has_next, next_head, next_m_block, masked)
 
     @cute.jit
-    def step(self, ops: Operands, head, m_block, position, m_block_lo, m_block_hi, more_heads, masked):
+    def step(self, ops: Operands, head, m_block, position, has_next, next_head, next_m_block, masked):
         """One query tile of one head: S, P, dP, dS; dV, dK += ...; dQ accumulated in global memory.
-        `masked` (uniform across the CTA) applies the element mask to S."""
+        `masked` (uniform across the CTA) applies the element mask to S; the tile after this one,
+        (next_head, next_m_block), loads meanwhile where `has_next`."""
         stage = position % NUM_STAGES
-        # The tile after this one: the previous query tile, or the last one of the next head.
-        last_of_head = m_block <= m_block_lo
-        next_head = head + 1 if last_of_head else head
-        next_m_block = m_block_hi - 1 if last_of_head else m_block - 1
-        has_next = (m_block > m_block_lo) | more_heads
         # This tile's Q and dO have landed, and every warp is done with the previous tile
         # (its reads of the other stage and of sP / sdS).
         cute.arch.cp_async_wait_group(0)
@@ -509,7 +510,7 @@ class FlashAttentionBackward:
                        ops.copy_sdp_A, ops.copy_sdp_B)
         acc_S_mn = rows_cols_view(acc_S)
         if masked:
-            self.apply_mask(ops, acc_S_mn, m_block)
+            self.apply_mask(ops, acc_S_mn, head, m_block)
         for r in cutlass.range_constexpr(cute.size(acc_S_mn.shape[0])):
             row_lse_log2 = lse_log2[r]
             for c in cutlass.range_constexpr(cute.size(acc_S_mn.shape[1])):
@@ -544,7 +545,7 @@ class FlashAttentionBackward:
         acc_dQ.fill(0.0)
         gemm_from_smem(ops.mma_dq, acc_dQ, ops.tdQrdS, ops.tdQrKt, ops.tdQsdS, ops.tdQsKt,
                        ops.copy_dq_A, ops.copy_dq_B)
-        self.accumulate_dq(ops, acc_dQ, head, m_block)
+        self.accumulate_dq(ops, acc_dQ, head, m_block, position)
         if const_expr(NUM_STAGES == 1):
             # One stage: the next tile may only load once every warp is done with this one.
             cute.arch.barrier()
@@ -553,7 +554,7 @@ class FlashAttentionBackward:
             cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def apply_mask(self, ops: Operands, acc_S_mn: cute.Tensor, m_block: Int32):
+    def apply_mask(self, ops: Operands, acc_S_mn: cute.Tensor, head: Int32, m_block: Int32):
         """Set scores of keys invisible to their query (seqlen_k tail, window) to -inf."""
         seqlen_k = ops.seqlen_k
         key_offset = ops.key_offset
@@ -586,14 +587,14 @@ class FlashAttentionBackward:
         return lse_log2, dpsum
 
     @cute.jit
-    def accumulate_dq(self, ops: Operands, acc_dQ: cute.Tensor, head, m_block):
+    def accumulate_dq(self, ops: Operands, acc_dQ: cute.Tensor, head, m_block, position):
         """Add this tile's dQ into the fp32 accumulator: fragment order, one atomic per value."""
         # (tile_m * head_dim_qk) accumulator of (batch, head, m_block)
         gdQaccum = cute.local_tile(ops.mdQaccum[ops.batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
         thread_ptr = gdQaccum.iterator + ops.tidx
         semaphore = ops.mSemaphore.iterator + cute.crd2idx((ops.batch, head, m_block), ops.mSemaphore.layout)
         if ops.deterministic != 0:
-            self.wait_for_turn(ops, semaphore, m_block)
+            self.wait_for_turn(ops, semaphore, m_block, position)
         for j in cutlass.range_constexpr(cute.size(acc_dQ)):
             cute.arch.red(thread_ptr + j * NUM_THREADS, acc_dQ[j], op="add", dtype="f32", sem="relaxed", scope="gpu")
         if ops.deterministic != 0:
@@ -604,7 +605,7 @@ class FlashAttentionBackward:
                 cute.arch.atomic_add(semaphore, Int32(1), sem="release", scope="gpu")
 
     @cute.jit
-    def wait_for_turn(self, ops: Operands, semaphore, m_block):
+    def wait_for_turn(self, ops: Operands, semaphore, m_block, position):
         """Deterministic mode: wait until every earlier key tile that sees this query tile has
         added its dQ (the key tiles of a query tile are contiguous, from the forward's range)."""
         seqlen_q = ops.seqlen_q
@@ -628,9 +629,10 @@ class FlashAttentionBackward:
         # Keep lo <= free_lo <= free_hi <= hi.
         turn_free_hi = cutlass.max(cutlass.min(turn_free_hi, turn_hi), turn_lo)
         turn_free_lo = cutlass.max(cutlass.min(turn_free_lo, turn_free_hi), turn_lo)
+        turn = ops.n_block - turn_lo
         if ops.tidx == 0:
             arrived = cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu")
-            while arrived != ops.n_block - turn_lo:
+            while arrived != turn:
                 arrived = cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu")
         cute.arch.barrier()
 
