@@ -114,8 +114,10 @@ def _rounded_o_effect(q, k, v, dout, spec, inputs=None) -> dict:
         with torch.enable_grad():
             scores.requires_grad_()
             logits, sink = _logits(scores, spec, inputs)
-            # d(logit)/d(score) per element: the mod's derivative where visible, 0 where masked.
-            (slope,) = torch.autograd.grad(logits, scores, torch.ones_like(logits))
+            # d(logit)/d(score) per element: the mod's derivative where visible, 0 where masked
+            # (and 0 everywhere for a mod that does not read the score).
+            slope = (torch.autograd.grad(logits, scores, torch.ones_like(logits))[0] if logits.requires_grad
+                     else torch.zeros_like(scores))
         logits, scores = logits.detach(), scores.detach()
     else:
         logits, sink = _logits(scores, spec, inputs)
