@@ -40,7 +40,7 @@ def main():
     dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
     rows = {
         "fa_gen autograd.grad": lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
-        "fa_gen op .default": lambda: torch.ops.fa_gen.attention_backward.default(dout, qd, kd, vd, o2, lse2, key, False),
+        "fa_gen op .default": lambda: torch.ops.fa_gen.attention_backward.default(dout, qd, kd, vd, o2, lse2, key, False, [], []),
         "fa_gen Backward()": lambda: bwd(dout, qd, kd, vd, o2, lse2),
         "  _check": lambda: bwd._check(dout, qd, kd, vd, o2, lse2),
         "  _workspace": lambda: _workspace(qd, 128),
