@@ -138,7 +138,19 @@ def _rounded_o_effect(q, k, v, dout, spec, inputs=None) -> dict:
         return dq, dk.unflatten(2, (k.shape[2], group)).sum(3)
 
     (dq, dk), (dq_r, dk_r) = grads(out), grads(out.to(q.dtype).double())
-    return {"dq": _max_abs(dq_r - dq), "dk": _max_abs(dk_r - dk), "dv": 0.0}
+    # D (the pre-pass, fp32 over O and dO) and dP (an fp32 MMA) are two fp32 sums of the same
+    # products in different orders, so even where dS is 0 in exact arithmetic (one visible key:
+    # P = 1, dP = D) the kernel's dS is their rounding difference, about 2 u32 sum|dO O| per row;
+    # float64 and PyTorch (one fp32 softmax backward) have none. Found on the H200 at 9f3bf8b:
+    # fp16 d192, sq=1374, sk=1, 8 query heads on one K/V head: dk 9.9e-5 against a 9.8e-5
+    # tolerance. Those per-row errors are independent, so over the rows (dK) or keys (dQ) they
+    # add in quadrature; 4 standard deviations cover the largest of a gradient's entries.
+    row_abs = (dod.abs() * out.to(q.dtype).double().abs()).sum(-1).permute(0, 2, 1).unsqueeze(-1)
+    noise = (probs * (2 * 2.0 ** -24 * spec.softmax_scale) * row_abs * torch.as_tensor(slope).abs()) ** 2
+    dq_noise = torch.einsum("bhqk,bkhd->bqhd", noise, kx ** 2).sqrt()
+    dk_noise = torch.einsum("bhqk,bqhd->bkhd", noise, qd ** 2).unflatten(2, (k.shape[2], group)).sum(3).sqrt()
+    return {"dq": _max_abs(dq_r - dq) + 4 * _max_abs(dq_noise),
+            "dk": _max_abs(dk_r - dk) + 4 * _max_abs(dk_noise), "dv": 0.0}
 
 
 def _max_abs(diff: torch.Tensor) -> float:
@@ -183,6 +195,8 @@ shapes = st.builds(
 # Found by hypothesis on the H200 at ba9455c: with one query and two keys the one-step floor
 # was short of the kernel's designed two roundings (see _rounding_floor).
 @example(name="v_fp16_d64_none", shape=Shape(1, 1, 2, 1, 1), seed=0)
+# Found at 9f3bf8b: one key, 8 query heads on it (see the fp32 D/dP term in _rounded_o_effect).
+@example(name="v_fp16_d192_none", shape=Shape(1, 1374, 1, 8, 1), seed=0)
 def test_backward_matches_reference(kernels, name, shape, seed):
     result = check_backward(kernels[name], shape, seed)
     assert result.ok, f"{name}: {result}"
