@@ -20,7 +20,7 @@ import torch
 from .archs import family_named
 from .backward_plan import BackwardPlan, make_backward_plan
 from .errors import InputError, UnsupportedError
-from .plan import reads_tensors
+from .plan import memoised_plan
 from .runtime import CompiledKernel, _check_shapes, _check_strides, current_arch, load_kernel_function
 from .runtime import resolve_spec
 from .spec import Spec
@@ -77,12 +77,7 @@ class Backward(CompiledKernel):
             return plan.arguments
         if not (self.spec.inputs or inputs or self.spec.mask_expr):
             return ()
-        if reads_tensors(self.spec):
-            return self.plan(q, k, inputs).arguments
-        key = (*q.shape[:3], *k.shape[1:3], q.device, tuple(sorted((inputs or {}).items())))
-        if key not in self._plans:
-            self._plans[key] = self.plan(q, k, inputs)
-        return self._plans[key].arguments
+        return memoised_plan(self._plans, self.spec, q, k, inputs, self.plan).arguments
 
     @functools.cached_property
     def _tiles(self) -> tuple[int, int]:

@@ -101,6 +101,18 @@ def uneven_rows(lists: torch.Tensor) -> int:
     return int(bool((visits.std(correction=0) > 0.25 * mean).item())) if visits.numel() > 1 else 0
 
 
+def memoised_plan(plans: dict, spec: Spec, q: torch.Tensor, k: torch.Tensor, inputs, make):
+    """`make(q, k, inputs)`, remembered in `plans` by shapes, device and scalars when the mask
+    reads no tensor (the plan is then a pure function of them); made afresh otherwise."""
+    if reads_tensors(spec):
+        return make(q, k, inputs)
+    key = (*q.shape[:3], *k.shape[1:3], q.device, tuple(sorted((inputs or {}).items())))
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = make(q, k, inputs)
+    return plan
+
+
 def reads_tensors(spec: Spec) -> bool:
     """Whether a plan depends on tensor values (else on shapes, device and scalars alone)."""
     return any(not d.is_scalar for d in spec.inputs)

@@ -20,7 +20,7 @@ from . import archs, env
 from .backends import get_backend
 from .cache import CacheKey, default_cache
 from .errors import InputError, UnsupportedError
-from .plan import CallPlan, make_plan, reads_tensors
+from .plan import CallPlan, make_plan, memoised_plan
 from .render import render
 from .spec import DType, Spec
 from .spec_load import load_spec
@@ -150,13 +150,8 @@ class Kernel(CompiledKernel):
         return archs.family_named(self.info.family).forward_tiles(self.spec, self.arch)
 
     def _plan_for_call(self, q: torch.Tensor, k: torch.Tensor, inputs) -> CallPlan:
-        if reads_tensors(self.spec):
-            return make_plan(self.spec, self._tiles, q, k, inputs)
-        key = (q.shape[0], q.shape[2], q.shape[1], k.shape[1], q.device, tuple(sorted((inputs or {}).items())))
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = make_plan(self.spec, self._tiles, q, k, inputs)
-        return plan
+        return memoised_plan(self._plans, self.spec, q, k, inputs,
+                             lambda q, k, inputs: make_plan(self.spec, self._tiles, q, k, inputs))
 
     def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         spec = self.spec
