@@ -1,4 +1,4 @@
-"""L0: which family renders the backward on sm_90a, and the Hopper backward's tile limits."""
+"""L0: the Hopper backward serves every head dim the Hopper forward does, within its tile limits."""
 
 from __future__ import annotations
 
@@ -9,34 +9,22 @@ from fa_gen.families import sm90_backward
 from fa_gen.families.sm90 import Sm90Family
 from fa_gen.spec_load import load_spec
 
-SERVED = (64, 96, 128)
-REFUSED = (192, 256, {"qk": 192, "v": 128})
+SERVED = (64, 96, 128, 192, 256, {"qk": 192, "v": 128})
+WIDE = (192, 256, {"qk": 192, "v": 128})
 
 
 def _spec(head_dim, mask="causal"):
     return load_spec({"name": "t", "dtype": "bf16", "head_dim": head_dim, "mask": mask})
 
 
-@pytest.mark.parametrize("head_dim", SERVED)
-def test_hopper_backward_serves_head_dims_up_to_128(head_dim):
+@pytest.mark.parametrize("head_dim", SERVED, ids=str)
+def test_hopper_backward_serves_every_hopper_forward_head_dim(head_dim):
     spec = _spec(head_dim)
     assert backward_family(spec, "sm_90a") == "sm90"
     assert "backward" in Sm90Family().kernel_files(spec)
 
 
-@pytest.mark.parametrize("head_dim", REFUSED)
-def test_larger_head_dims_fall_back_to_the_sm80_backward(head_dim):
-    spec = _spec(head_dim)
-    family = Sm90Family()
-    reasons = family.kind_reasons(spec, "backward")
-    assert reasons and "dK and dV" in reasons[0]
-    # The forward stays on Hopper; only the backward moves to the next family.
-    assert not family.can_implement(spec, "sm_90a")
-    assert "backward" not in family.kernel_files(spec)
-    assert backward_family(spec, "sm_90a") == "sm80"
-
-
-@pytest.mark.parametrize("head_dim", SERVED)
+@pytest.mark.parametrize("head_dim", SERVED, ids=str)
 def test_served_tiles_fit_registers_and_shared_memory(head_dim):
     spec = _spec(head_dim, mask="none")
     assert sm90_backward.backward_reasons(spec, "sm_90a") == []
@@ -44,4 +32,26 @@ def test_served_tiles_fit_registers_and_shared_memory(head_dim):
     assert context["bwd_smem_bytes"] <= 227 * 1024
     assert 128 % context["bwd"]["tile_m"] == 0
     # The pre-pass splits each row of O / dO evenly over its lanes.
-    assert (head_dim // 8) % context["bwd_prepare_lanes"] == 0
+    assert (spec.head_dim_v // 8) % context["bwd_prepare_lanes"] == 0
+    cfg = sm90_backward.backward_tile_config(spec, "sm_90a")
+    assert cfg.accumulators(spec.head_dim_qk, spec.head_dim_v) <= 192
+
+
+@pytest.mark.parametrize("head_dim", WIDE, ids=str)
+def test_large_head_dims_split_dk_dv_across_warpgroups(head_dim):
+    """Whole-head-dim dK and dV of 64 keys would need 192-256 fp32 registers per thread."""
+    spec = _spec(head_dim)
+    cfg = sm90_backward.backward_tile_config(spec, "sm_90a")
+    assert cfg.wide and cfg.tile_n == 64
+    narrow = sm90_backward.BackwardTileConfig(64, 2)
+    assert narrow.accumulators(spec.head_dim_qk, spec.head_dim_v) > 192
+
+
+def test_d256_gives_up_dO_and_dQ_buffers_before_shared_memory_overflows():
+    spec = _spec(256)
+    cfg = sm90_backward.backward_tile_config(spec, "sm_90a")
+    assert (cfg.num_stages, cfg.dO_stages, cfg.dq_buffers) == (2, 1, 1)
+    # The preferred configs (more buffers) would not fit.
+    for better in sm90_backward._TILES[(256, 256)][:-1]:
+        assert better.smem_bytes(256, 256) > 227 * 1024
+

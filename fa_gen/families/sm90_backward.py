@@ -1,12 +1,16 @@
 """Hopper backward kernel (templates/sm90/backward.py.j2): tile shapes, limits, render context.
 
-FlashAttention-3's data flow: one CTA per key tile; two MMA warpgroups of 64 key rows each
-compute S^T = K Q^T and dP^T = dO V^T, so P^T and dS^T land in registers already laid out as
-the A operand of dV += P^T dO and dK += dS^T Q (no shared-memory round trip for P). dS goes to
-shared memory once, for dQ = dS K. Each warpgroup then holds dK and dV of its 64 keys over the
-whole head dim: 64 * (head_dim_qk + head_dim_v) / 128 fp32 registers per thread, which is
-what bounds the head dims served (the larger ones need dK/dV split across warpgroups and P
-through shared memory, a different data flow: they stay on the sm80 backward for now).
+FlashAttention-3's data flow, in two layouts of the same template:
+
+narrow (head dims up to 128): one CTA per key tile of 128 keys; each of the two MMA
+  warpgroups owns 64 of them and computes S^T = K Q^T and dP^T = dO V^T for them, so P^T and
+  dS^T land in registers already laid out as the A operand of dV += P^T dO and dK += dS^T Q
+  (no shared-memory round trip for P). Each warpgroup holds dK and dV of its 64 keys over the
+  whole head dim: 64 * (head_dim_qk + head_dim_v) / 128 fp32 registers per thread.
+wide (head dims 192 and 256, where that is 192-256 registers): key tiles of 64 keys; the
+  warpgroups split S^T and dP^T by query columns, and dK, dV (and dQ) by head-dim columns, so
+  each thread holds half as many dK/dV values. Every warpgroup's dV and dK then need all of P^T
+  and dS^T: both go through shared memory, read back by the wgmma as MN-major operands.
 """
 
 from __future__ import annotations
@@ -17,15 +21,14 @@ from ..archs import arch_info
 from ..spec import Spec
 from .expressions import backward_expression_context
 
-# Key rows per MMA warpgroup (the M of one wgmma) and the warpgroups that share a key tile.
+# Rows of one wgmma (its M): the key rows of a narrow warpgroup, every key of a wide tile.
 ROWS_PER_WARPGROUP = 64
 MMA_WARPGROUPS = 2
-TILE_N = ROWS_PER_WARPGROUP * MMA_WARPGROUPS
 # setmaxnreg split over the 384 threads: producer warpgroup (TMA warp, dQ warp) and two MMA ones.
 MMA_REGISTERS = 240
 PRODUCER_REGISTERS = 24
-# fp32 registers of one MMA thread at the peak (dK, dV, S^T, dP^T); the rest of the 240 holds
-# the 16-bit P^T / dS^T operands, LSE and D of its query columns, and addresses.
+# fp32 registers of one MMA thread at the peak (dK, dV, and S^T, dP^T or dQ); the rest of the
+# 240 holds the 16-bit P^T / dS^T operands, LSE and D of its query columns, and addresses.
 _MAX_ACCUMULATORS = 192
 # Query-tile rows the runtime pads the workspaces to (fa_gen.backward.ROW_ALIGN): tile_m divides it.
 _ROW_ALIGN = 128
@@ -34,8 +37,15 @@ _SMEM_OVERHEAD = 1024
 
 @dataclass(frozen=True)
 class BackwardTileConfig:
-    tile_m: int       # query rows per inner-loop step (the N of S^T; 64 or 128)
-    num_stages: int   # shared-memory stages of Q, dO (with their LSE and D rows) and dS
+    tile_m: int           # query rows per inner-loop step (the N of S^T; 64 or 128)
+    num_stages: int       # shared-memory stages of Q (with its LSE rows) and of dS (and P)
+    wide: bool = False    # the wide layout (module docstring)
+    do_stages: int = 0    # stages of dO (with its D rows); 0: num_stages
+    dq_buffers: int = 2   # dQ halves staged in shared memory at once (1: the warpgroups take turns)
+
+    @property
+    def tile_n(self) -> int:
+        return ROWS_PER_WARPGROUP if self.wide else ROWS_PER_WARPGROUP * MMA_WARPGROUPS
 
     @property
     def dq_split_rows(self) -> bool:
@@ -43,50 +53,87 @@ class BackwardTileConfig:
         head-dim columns (tile_m 64: each wgmma still has its 64 rows)."""
         return self.tile_m == 2 * ROWS_PER_WARPGROUP
 
+    @property
+    def dO_stages(self) -> int:
+        return self.do_stages or self.num_stages
+
     def smem_bytes(self, head_dim_qk: int, head_dim_v: int) -> int:
-        q_do = self.num_stages * self.tile_m * (head_dim_qk + head_dim_v) * 2
-        k_v = TILE_N * (head_dim_qk + head_dim_v) * 2
-        ds = self.num_stages * self.tile_m * TILE_N * 2
-        dq_accum = self.tile_m * head_dim_qk * 4
-        lse_dpsum = 2 * self.num_stages * self.tile_m * 4
-        return q_do + k_v + ds + dq_accum + lse_dpsum + _SMEM_OVERHEAD
+        q = self.num_stages * self.tile_m * head_dim_qk * 2
+        do = self.dO_stages * self.tile_m * head_dim_v * 2
+        k_v = self.tile_n * (head_dim_qk + head_dim_v) * 2
+        p_ds = (2 if self.wide else 1) * self.num_stages * self.tile_m * self.tile_n * 2
+        dq_staging = self.dq_buffers * self.tile_m * head_dim_qk * 4 // MMA_WARPGROUPS
+        lse_dpsum = (self.num_stages + self.dO_stages) * self.tile_m * 4
+        return q + do + k_v + p_ds + dq_staging + lse_dpsum + _SMEM_OVERHEAD
 
     def accumulators(self, head_dim_qk: int, head_dim_v: int) -> int:
-        """fp32 registers per MMA thread: dK, dV of its 64 keys, S^T and dP^T of its 64 x tile_m."""
-        return ROWS_PER_WARPGROUP * (head_dim_qk + head_dim_v + 2 * self.tile_m) // 128
+        """fp32 registers per MMA thread at the peak: dK and dV, with S^T and dP^T (narrow:
+        while dQ is computed they are 16-bit operands) or, wide, the larger of those and dQ."""
+        threads = MMA_WARPGROUPS * 128
+        dk_dv = self.tile_n * (head_dim_qk + head_dim_v) // threads
+        s_dp = 2 * self.tile_n * self.tile_m // threads
+        if not self.wide:
+            return dk_dv + s_dp
+        return dk_dv + max(s_dp, self.tile_m * head_dim_qk // threads)
 
 
-# Per max(head dims): 64 query rows per step (FlashAttention-3's choice for d96-d128); d64 has
-# registers to spare for 128, which halves the K/V-tile overhead per query row.
-_TILES = {64: BackwardTileConfig(128, 2), 96: BackwardTileConfig(64, 2), 128: BackwardTileConfig(64, 2)}
+# Per (head_dim_qk, head_dim_v), in order of preference: the first whose shared memory fits wins.
+# Narrow: 64 query rows per step (FlashAttention-3's choice for d96-d128); d64 has registers to
+# spare for 128, which halves the K/V-tile overhead per query row. Wide: 64 x 64 tiles with Q
+# double-buffered; d256 fits only with one dO stage and the two dQ halves taking turns.
+_WIDE = [BackwardTileConfig(64, 2, wide=True),
+         BackwardTileConfig(64, 2, wide=True, do_stages=1),
+         BackwardTileConfig(64, 2, wide=True, do_stages=1, dq_buffers=1)]
+_TILES = {
+    (64, 64): [BackwardTileConfig(128, 2)],
+    (96, 96): [BackwardTileConfig(64, 2)],
+    (128, 128): [BackwardTileConfig(64, 2)],
+    (192, 128): _WIDE,
+    (192, 192): _WIDE,
+    (256, 256): _WIDE,
+}
+
+
+def backward_tile_config(spec: Spec, arch: str) -> BackwardTileConfig | None:
+    """The first tile config of the spec's head dims that fits `arch`; None when none does."""
+    dims = (spec.head_dim_qk, spec.head_dim_v)
+    for cfg in _TILES.get(dims, []):
+        if not _tile_reasons(cfg, dims, arch):
+            return cfg
+    return None
+
+
+def _tile_reasons(cfg: BackwardTileConfig, dims: tuple[int, int], arch: str) -> list[str]:
+    reasons = []
+    if cfg.accumulators(*dims) > _MAX_ACCUMULATORS:
+        reasons.append(f"backward: {cfg.accumulators(*dims)} fp32 accumulators per thread; at most {_MAX_ACCUMULATORS}")
+    if _ROW_ALIGN % cfg.tile_m:
+        reasons.append(f"backward: tile_m {cfg.tile_m} must divide {_ROW_ALIGN}")
+    smem = arch_info(arch).max_smem_per_block
+    if cfg.smem_bytes(*dims) > smem:
+        reasons.append(f"backward: tiles need {cfg.smem_bytes(*dims)} bytes of shared memory; {arch} has {smem}")
+    return reasons
 
 
 def backward_reasons(spec: Spec, arch: str) -> list[str]:
     """Why this template cannot serve `spec`'s backward on `arch`; empty when it can."""
-    dqk, dv = spec.head_dim_qk, spec.head_dim_v
-    if dqk != dv or dqk not in _TILES:
-        return [f"backward: head dims (qk {dqk}, v {dv}) are not served: each MMA warpgroup keeps dK and dV of "
-                f"64 keys in registers, {64 * (dqk + dv) // 128} fp32 per thread (served: equal dims "
-                f"{', '.join(map(str, _TILES))}); the sm80 backward serves them"]
-    cfg = _TILES[dqk]
-    reasons = []
-    if cfg.accumulators(dqk, dv) > _MAX_ACCUMULATORS:
-        reasons.append(f"backward: {cfg.accumulators(dqk, dv)} fp32 accumulators per thread; at most {_MAX_ACCUMULATORS}")
-    if _ROW_ALIGN % cfg.tile_m:
-        reasons.append(f"backward: tile_m {cfg.tile_m} must divide {_ROW_ALIGN}")
-    smem = arch_info(arch).max_smem_per_block
-    if cfg.smem_bytes(dqk, dv) > smem:
-        reasons.append(f"backward: tiles need {cfg.smem_bytes(dqk, dv)} bytes of shared memory; {arch} has {smem}")
-    return reasons
+    dims = (spec.head_dim_qk, spec.head_dim_v)
+    if dims not in _TILES:
+        served = ", ".join(f"{qk}/{v}" for qk, v in _TILES)
+        return [f"backward: head dims (qk {dims[0]}, v {dims[1]}) are not served by the Hopper backward "
+                f"(served qk/v: {served}); the sm80 backward serves them"]
+    if backward_tile_config(spec, arch) is None:
+        return _tile_reasons(_TILES[dims][-1], dims, arch)
+    return []
 
 
 def kind_context(spec: Spec, arch: str) -> dict:
     """Render context of the backward kind (added to the family's forward context)."""
     problems = backward_reasons(spec, arch)
     assert not problems, problems  # backward_family and kernel_files refuse these first
-    cfg = _TILES[spec.head_dim_qk]
+    cfg = backward_tile_config(spec, arch)
     return {
-        "bwd": {**asdict(cfg), "tile_n": TILE_N, "dq_split_rows": cfg.dq_split_rows},
+        "bwd": {**asdict(cfg), "tile_n": cfg.tile_n, "dq_split_rows": cfg.dq_split_rows, "do_stages": cfg.dO_stages},
         "bwd_mma_registers": MMA_REGISTERS,
         "bwd_producer_registers": PRODUCER_REGISTERS,
         "bwd_smem_bytes": cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v),
