@@ -107,7 +107,8 @@ class Sm80Family(Family):
         # and 7% faster at d128 (s 4k, 16k) and 1.3% slower at d64 (tile_m 128).
         ascending = spec.window_right is None and max(spec.head_dim_qk, spec.head_dim_v) >= 128
         return {"bwd": asdict(cfg), "smem_atom_cols_pds": smem_atom_cols(cfg.tile_n),
-                "bwd_ascending": ascending, "expr": backward_expression_context(spec)}
+                "bwd_ascending": ascending, "expr": backward_expression_context(spec),
+                "dq_atomic_width": _dq_atomic_width(arch)}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
         cfg = tile_config(spec, arch)
@@ -166,6 +167,8 @@ class BackwardTileConfig:
     sdp_warps_m: int   # warps along the query rows of S = Q K^T and dP = dO V^T (rest: keys)
     dkv_warps_n: int   # warps along the key rows of dK and dV (rest: head dim)
     dq_warps_m: int    # warps along the query rows of dQ (rest: head dim)
+    # dQ = dS K and its atomics before dK += dS^T Q (FlashAttention-2's order), not after.
+    dq_first: bool = False
 
     def smem_bytes(self, head_dim_qk: int, head_dim_v: int, elem_bytes: int = 2) -> int:
         q_do = self.num_stages * self.tile_m * (head_dim_qk + head_dim_v)
@@ -179,27 +182,37 @@ class BackwardTileConfig:
         return (self.tile_n * (head_dim_qk + head_dim_v) + 2 * self.tile_m * self.tile_n) // threads
 
 
-def _bwd(tile_m, tile_n, num_warps, num_stages, sdp_m, dkv_n, dq_m) -> BackwardTileConfig:
-    return BackwardTileConfig(tile_m, tile_n, num_warps, num_stages, sdp_m, dkv_n, dq_m)
+def _bwd(tile_m, tile_n, num_warps, num_stages, sdp_m, dkv_n, dq_m, dq_first=False) -> BackwardTileConfig:
+    return BackwardTileConfig(tile_m, tile_n, num_warps, num_stages, sdp_m, dkv_n, dq_m, dq_first)
+
+
+def _dq_atomic_width(arch: str) -> int:
+    """fp32 values per dQ atomic: sm_90 and later add 4 at once (red.global.add.v4.f32)."""
+    return 4 if arch_info(arch).compute_capability >= (9, 0) else 1
 
 
 def _backward_candidates(head_dim: int) -> list[BackwardTileConfig]:
     """Preference-ordered backward tiles per head dim; the first that fits the arch wins.
 
     The first of each list is FlashAttention-2's sm80 shape for that head dim (8 warps, Q and
-    dO double-buffered), sized for 163-227 KB of shared memory; the later ones fit the 99 KB
-    of sm86/89/120 (fewer stages, then narrower tiles). dK + dV accumulators stay at or under
+    dO double-buffered), sized for 163-227 KB of shared memory; the later ones fit 163 KB (one
+    stage) or the 99 KB of sm86/89/120 (narrower tiles). dK + dV accumulators stay at or under
     128 fp32 per thread so that S, dP and the dQ tile fit beside them under 255 registers.
+    H200, bf16, s 4k-16k (bench/sweep_sm80_bwd.py): at head dims 192-256 two stages were 6-9%
+    faster than one (the next Q and dO load during this tile), and S/dP over 4x2 warps with dK/dV
+    over 2x4 (FlashAttention-2's warp grids) 3-7% faster than 2x4 / 4x2 (fewer ldmatrix bytes for
+    the 256-column dK and dV); dQ over 4x2 warps no spill, 0-1.5% faster than 2x4. At head dim 64,
+    dQ before dK was 0.5-2% faster (its atomics drain under the dK product); at 128, 3-12% slower.
     """
     if head_dim <= 64:
-        return [_bwd(128, 128, 8, 2, 2, 4, 4), _bwd(64, 128, 8, 2, 2, 4, 4)]
+        return [_bwd(128, 128, 8, 2, 2, 4, 4, dq_first=True), _bwd(64, 128, 8, 2, 2, 4, 4)]
     if head_dim <= 96:
         return [_bwd(64, 128, 8, 2, 2, 4, 4), _bwd(64, 64, 8, 2, 2, 4, 4)]
     if head_dim <= 128:
         return [_bwd(64, 128, 8, 2, 2, 4, 2), _bwd(64, 64, 8, 1, 2, 4, 2)]
     if head_dim <= 192:
-        return [_bwd(64, 64, 8, 2, 2, 4, 2), _bwd(64, 64, 8, 1, 2, 4, 2), _bwd(32, 64, 8, 1, 2, 4, 2)]
-    return [_bwd(64, 64, 8, 1, 2, 4, 2), _bwd(32, 32, 4, 1, 2, 2, 2)]
+        return [_bwd(64, 64, 8, 2, 4, 2, 4), _bwd(64, 64, 8, 1, 4, 2, 4), _bwd(32, 64, 8, 1, 2, 4, 2)]
+    return [_bwd(64, 64, 8, 2, 4, 2, 4), _bwd(64, 64, 8, 1, 4, 2, 4), _bwd(32, 32, 4, 1, 2, 2, 2)]
 
 
 def backward_tile_config(spec: Spec, arch: str) -> BackwardTileConfig:

@@ -16,8 +16,9 @@ One host function launches three kernels on one stream:
                dV += P^T dO, dP = dO V^T, dS = P * (dP - D), dK += dS^T Q, and adds
                dQ_tile = dS K into an fp32 accumulator with atomics;
   finalize_dq  per query tile: dQ = scale * accumulator, in the input dtype.
-The dQ accumulator of a query tile is stored in the order of the dQ MMA's fragments
-(element j of thread t at j * threads + t): every warp's atomics hit 128 contiguous bytes.
+The dQ accumulator of a query tile is stored in the order of the dQ MMA's fragments, in
+groups of 4 (element j of thread t at (j // 4) * 4 * threads + t * 4 + j % 4): every warp's
+atomics hit 512 contiguous bytes, 4 values per atomic (red.global.add.v4.f32).
 With `deterministic` set, the CTAs of one query tile add their dQ in key-tile order,
 serialised by a per-tile counter, so the sums (and dQ) are bitwise reproducible.
 """
@@ -52,6 +53,8 @@ SOFTMAX_SCALE_LOG2 = 0.09016844005556021
 LOG2_E = 1.4426950408889634
 # 128-bit global accesses: 8 fp16/bf16 elements.
 VECTOR_ELEMS = 8
+# fp32 values per dQ atomic: 4 where the arch has vector reductions (sm_90 and later), else 1.
+DQ_ATOMIC_WIDTH = 4
 
 
 def rows_cols_view(acc: cute.Tensor) -> cute.Tensor:
@@ -533,12 +536,7 @@ class FlashAttentionBackward:
                        ops.tdVsdOt[None, None, None, stage], ops.copy_dkv_A, ops.copy_dkv_B)
         gemm_from_smem(ops.mma_dkv, ops.acc_dK, ops.tdKrdSt, ops.tdKrQt, ops.tdKsdSt,
                        ops.tdKsQt[None, None, None, stage], ops.copy_dkv_A, ops.copy_dkv_B)
-        # (MMA, MMA_M, MMA_K) this tile's share of dQ (unscaled).
-        acc_dQ = cute.make_rmem_tensor(ops.acc_shape_dQ, Float32)
-        acc_dQ.fill(0.0)
-        gemm_from_smem(ops.mma_dq, acc_dQ, ops.tdQrdS, ops.tdQrKt, ops.tdQsdS, ops.tdQsKt,
-                       ops.copy_dq_A, ops.copy_dq_B)
-        self.accumulate_dq(ops, acc_dQ, head, m_block, position)
+        self.dq_product(ops, head, m_block, position)
         if const_expr(NUM_STAGES == 1):
             # One stage: the next tile may only load once every warp is done with this one.
             cute.arch.barrier()
@@ -574,16 +572,29 @@ class FlashAttentionBackward:
         return lse_log2, dpsum
 
     @cute.jit
+    def dq_product(self, ops: Operands, head, m_block, position):
+        """dQ_tile = dS K (unscaled), added into the fp32 accumulator."""
+        # (MMA, MMA_M, MMA_K)
+        acc_dQ = cute.make_rmem_tensor(ops.acc_shape_dQ, Float32)
+        acc_dQ.fill(0.0)
+        gemm_from_smem(ops.mma_dq, acc_dQ, ops.tdQrdS, ops.tdQrKt, ops.tdQsdS, ops.tdQsKt,
+                       ops.copy_dq_A, ops.copy_dq_B)
+        self.accumulate_dq(ops, acc_dQ, head, m_block, position)
+
+    @cute.jit
     def accumulate_dq(self, ops: Operands, acc_dQ: cute.Tensor, head, m_block, position):
         """Add this tile's dQ into the fp32 accumulator: fragment order, one atomic per value."""
         # (tile_m * head_dim_qk) accumulator of (batch, head, m_block)
         gdQaccum = cute.local_tile(ops.mdQaccum[ops.batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
-        thread_ptr = gdQaccum.iterator + ops.tidx
+        thread_ptr = gdQaccum.iterator + ops.tidx * DQ_ATOMIC_WIDTH
         semaphore = ops.mSemaphore.iterator + cute.crd2idx((ops.batch, head, m_block), ops.mSemaphore.layout)
         if ops.deterministic != 0:
             self.wait_for_turn(ops, semaphore, m_block, position)
-        for j in cutlass.range_constexpr(cute.size(acc_dQ)):
-            cute.arch.red(thread_ptr + j * NUM_THREADS, acc_dQ[j], op="add", dtype="f32", sem="relaxed", scope="gpu")
+        # (DQ_ATOMIC_WIDTH, groups) view of the fragment: one vector atomic per group.
+        groups = cute.make_tensor(acc_dQ.iterator, cute.make_layout((DQ_ATOMIC_WIDTH, cute.size(acc_dQ) // DQ_ATOMIC_WIDTH)))
+        for i in cutlass.range_constexpr(cute.size(groups.shape[1])):
+            cute.arch.red(thread_ptr + i * DQ_ATOMIC_WIDTH * NUM_THREADS, groups[None, i].load(), op="add",
+                          dtype="f32", sem="relaxed", scope="gpu")
         if ops.deterministic != 0:
             # Every thread's adds are visible GPU-wide before the next key tile's CTA may add.
             cute.arch.fence_acq_rel_gpu()
@@ -670,7 +681,8 @@ class FlashAttentionBackward:
         gdQaccum = cute.local_tile(mdQaccum[batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
         acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((TILE_M, HEAD_DIM_QK)), Float32)
         for j in cutlass.range_constexpr(cute.size(acc_dQ)):
-            acc_dQ[j] = gdQaccum[j * NUM_THREADS + tidx]
+            acc_dQ[j] = gdQaccum[(j // DQ_ATOMIC_WIDTH) * DQ_ATOMIC_WIDTH * NUM_THREADS + tidx * DQ_ATOMIC_WIDTH
+                                 + j % DQ_ATOMIC_WIDTH]
         sdQ = cutlass.memory.SmemAllocator().allocate(StorageDQ).sdQ.get_tensor(sdQ_layout)
         stage_accumulator(acc_dQ, sdQ, mma_dq, tidx, SOFTMAX_SCALE)
         cute.arch.barrier()
