@@ -43,15 +43,18 @@ def _import_rendered(source: str, module_name: str):
     return module
 
 
-def compile_to_object(source: str, arch: str, object_path: Path, *, label: str = "kernel") -> float:
-    """Compile rendered `source` for `arch` into `object_path`; returns seconds spent."""
+def compile_to_object(source: str, arch: str, object_path: Path, *, label: str = "kernel",
+                      extra_options: str = "") -> float:
+    """Compile rendered `source` for `arch` into `object_path`; returns seconds spent.
+    `extra_options` (DSL compile flags, e.g. remark output) are for diagnostics: objects built
+    with them must not go into the cache, whose keys do not include them."""
     import cutlass.cute as cute
 
     start = time.perf_counter()
     module = _import_rendered(source, f"fa_gen_rendered_{abs(hash(source)) & 0xFFFFFFFF:08x}")
     try:
         compiled = cute.compile(_entry_class(module)(), *module.compile_arguments(),
-                                options=compile_options(arch))
+                                options=f"{compile_options(arch)} {extra_options}".strip())
         compiled.export_to_c(str(object_path), ENTRY_SYMBOL)
     except Exception as exc:  # the DSL raises many types; all mean "fa_gen rendered bad code"
         raise CompileError(f"CuTe DSL failed to compile {label} for {arch}: {exc}") from exc
@@ -69,3 +72,13 @@ def load_object(object_path: Path):
 
     module = load_module(str(object_path), enable_tvm_ffi=True)
     return getattr(module, ENTRY_SYMBOL)
+
+
+def ptxas_remarks(source: str, arch: str) -> str:
+    """What ptxas says about rendered `source` on `arch` (its performance remarks, e.g. register
+    spills or wgmma serialized for want of registers, C7512), as the DSL's YAML remark text."""
+    with tempfile.TemporaryDirectory(prefix="fa_gen_remarks_") as workdir:
+        remarks = Path(workdir) / "remarks.yaml"
+        compile_to_object(source, arch, Path(workdir) / "kernel.o", label="remarks",
+                          extra_options=f"--ptxas-options=-v --remark-filter=ptxas --remark-output={remarks}")
+        return remarks.read_text() if remarks.exists() else ""
