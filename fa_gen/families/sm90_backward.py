@@ -42,6 +42,11 @@ class BackwardTileConfig:
     wide: bool = False    # the wide layout (module docstring)
     do_stages: int = 0    # stages of dO (with its D rows); 0: num_stages
     dq_buffers: int = 2   # dQ halves staged in shared memory at once (1: the warpgroups take turns)
+    # Narrow only: the register-lean schedule (FlashAttention-3's order). dV is issued once dS
+    # is stored rather than before dS is computed, dK once dV has landed, dQ's half is published
+    # once dK has landed, and LSE / D are held a few per lane and fetched by shuffle. At tile_m
+    # 128 the default schedule has ptxas serialize every wgmma (C7512).
+    lean: bool = False
 
     @property
     def tile_n(self) -> int:
@@ -85,7 +90,7 @@ _WIDE = [BackwardTileConfig(64, 2, wide=True),
          BackwardTileConfig(64, 2, wide=True, do_stages=1),
          BackwardTileConfig(64, 2, wide=True, do_stages=1, dq_buffers=1)]
 _TILES = {
-    (64, 64): [BackwardTileConfig(128, 2)],
+    (64, 64): [BackwardTileConfig(128, 2, lean=True)],
     (96, 96): [BackwardTileConfig(64, 2)],
     (128, 128): [BackwardTileConfig(64, 2)],
     (192, 128): _WIDE,

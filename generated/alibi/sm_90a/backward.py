@@ -782,7 +782,8 @@ class FlashAttentionBackward:
         # dV and dQ have landed (dK may still run): dO's stage is free.
         warpgroup.wait_group(1)
         ops.pipeline_do.consumer_release(state_do)
-        self.hand_over_dq(ops, acc_dQ)
+        self.write_dq_half(ops, acc_dQ)
+        self.publish_dq_half(ops)
         # Waiting for dK only after the next tile's S^T and dP^T are issued was measured 13%
         # slower on an H200 (d128, s = 4k: 488 vs 564 TFLOP/s), as was keeping K in registers
         # for S^T (ptxas spills: 478).
@@ -800,16 +801,18 @@ class FlashAttentionBackward:
         return values
 
     @cute.jit
-    def hand_over_dq(self, ops: Operands, acc_dQ):
+    def write_dq_half(self, ops: Operands, acc_dQ):
         """Write this warpgroup's dQ half to shared memory once the dQ warp has read out the
-        last one, then tell it the half is there."""
-        barrier_empty = DQ_EMPTY_BARRIER + ops.warpgroup
-        barrier_full = DQ_FULL_BARRIER + ops.warpgroup
-        cute.arch.barrier(barrier_id=barrier_empty, number_of_threads=DQ_BARRIER_THREADS)
+        last one."""
+        cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + ops.warpgroup, number_of_threads=DQ_BARRIER_THREADS)
         cute.autovec_copy(cute.make_tensor(acc_dQ.iterator, cute.make_layout(ops.tdQsdQ.shape)), ops.tdQsdQ)
+
+    @cute.jit
+    def publish_dq_half(self, ops: Operands):
+        """Tell the dQ warp that this warpgroup's dQ half is in shared memory."""
         # Plain stores, read next by the bulk reduction (async proxy).
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=barrier_full, number_of_threads=DQ_BARRIER_THREADS)
+        cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + ops.warpgroup, number_of_threads=DQ_BARRIER_THREADS)
 
     @cute.jit
     def apply_score_mod(self, ops: Operands, acc_S_qk: cute.Tensor, head: Int32, m_block: Int32):

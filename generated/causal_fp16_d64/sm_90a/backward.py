@@ -108,6 +108,32 @@ def query_key_view(acc_t: cute.Tensor) -> cute.Tensor:
     return swap_modes(mn_view(acc_t), [1, 0])
 
 
+# Query groups of 8 columns (wgmma N) whose per-row statistics one lane holds.
+GROUPS_PER_LANE = TILE_M // 64
+
+
+class LaneSharedStats:
+    """A per-query statistic (LSE * log2(e) or D) of a narrow warpgroup's S^T / dP^T columns,
+    held TILE_M / 32 values per lane rather than one register per query row.
+
+    A thread's query columns are 8 * group + 2 * (lane % 4) + {0, 1}, for every group and
+    the same in every warp, so the 8 lanes of a quad class need the same TILE_M / 4 values:
+    lane l holds those of groups (l // 4) * GROUPS_PER_LANE + g, and row r is fetched by a
+    shuffle from the lane that holds its group. The registers this frees (a 64 x 128 score
+    tile has 32 query rows per thread, twice: LSE and D) are part of what keeps ptxas from
+    serializing the wgmmas at tile_m 128.
+    """
+
+    def __init__(self, owned: cute.Tensor, quad, t0ScS: cute.Tensor):
+        self.owned, self.quad, self.t0ScS = owned, quad, t0ScS
+
+    def __getitem__(self, r: int):
+        query = self.t0ScS[r, 0][0]  # thread 0's query of row r: a compile-time constant
+        group = query // 8
+        held = self.owned[2 * (group % GROUPS_PER_LANE) + query % 2]
+        return cute.arch.shuffle_sync(held, offset=self.quad + 4 * (group // GROUPS_PER_LANE))
+
+
 @cute.jit
 def to_operand(acc: cute.Tensor, operand: cute.Tensor):
     """Round an fp32 accumulator into a 16-bit register operand of the same size.
@@ -751,12 +777,9 @@ class FlashAttentionBackward:
             for c in cutlass.range_constexpr(cute.size(acc_S_qk.shape[1])):
                 # One FFMA and one EX2 per score, as in the forward.
                 acc_S_qk[r, c] = cute.math.exp2(acc_S_qk[r, c] * SOFTMAX_SCALE_LOG2 - row_lse_log2, fastmath=True)
-        to_operand(acc_S, ops.tdVrP)
-        wgmma(make_mma_dv, ops.acc_dV, ops.tdVrP, ops.tdVrdOt[None, None, None, stage_do], True)
-        # dV's GEMM runs while dS is computed and stored.
         dpsum = self.row_stats(ops, smem.sDPsum, stage_do)
-        # dP^T has landed (dV may still run).
-        warpgroup.wait_group(1)
+        # dP^T has landed.
+        warpgroup.wait_group(0)
         acc_dP_qk = query_key_view(acc_dP)
         for r in cutlass.range_constexpr(cute.size(acc_S_qk.shape[0])):
             row_dpsum = dpsum[r]
@@ -766,21 +789,31 @@ class FlashAttentionBackward:
         # dS (the transpose of what this thread holds) into this stage's sdS, for dQ = dS K.
         rdS = cute.make_tensor(ops.tdKrdS.iterator, cute.make_layout(acc_dP.shape))
         cute.copy(ops.store_dS, ops.store_dS.retile(rdS), ops.tdSsdS[None, None, None, stage])
+        # dV's GEMM runs while the warpgroups meet at dS's barrier (issued before dS is
+        # computed, P^T's operand and dV stay pinned beside S^T and dP^T).
+        to_operand(acc_S, ops.tdVrP)
+        wgmma(make_mma_dv, ops.acc_dV, ops.tdVrP, ops.tdVrdOt[None, None, None, stage_do], True)
         # stmatrix writes are generic-proxy; wgmma reads through the async proxy. Both warpgroups'
         # halves of dS must be in place: each one's dQ reads every key column.
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=DS_BARRIER, number_of_threads=MMA_THREADS)
         acc_dQ = cute.make_rmem_tensor(ops.acc_shape_dQ, Float32)
         wgmma(make_mma_dq, acc_dQ, ops.tdQrdS[None, None, None, stage], ops.tdQrKt, False)
-        wgmma(make_mma_dk, ops.acc_dK, ops.tdKrdS, ops.tdKrQt[None, None, None, stage], True)
-        # dV and dQ have landed (dK may still run): dO's stage is free.
+        # dV has landed (dQ may still run): dO's stage is free.
         warpgroup.wait_group(1)
         ops.pipeline_do.consumer_release(state_do)
-        self.hand_over_dq(ops, acc_dQ)
+        # dK only now: no more than two GEMMs in flight while dQ's half is written.
+        wgmma(make_mma_dk, ops.acc_dK, ops.tdKrdS, ops.tdKrQt[None, None, None, stage], True)
+        # dQ has landed (dK may still run).
+        warpgroup.wait_group(1)
+        self.write_dq_half(ops, acc_dQ)
         # Waiting for dK only after the next tile's S^T and dP^T are issued was measured 13%
         # slower on an H200 (d128, s = 4k: 488 vs 564 TFLOP/s), as was keeping K in registers
         # for S^T (ptxas spills: 478).
         warpgroup.wait_group(0)
+        # Published once dK has landed: the proxy fence with dK in flight was one of the things
+        # that tipped ptxas into serializing the d64 kernel.
+        self.publish_dq_half(ops)
         ops.pipeline_q.consumer_release(state)
         state.advance()
         return state
@@ -788,22 +821,29 @@ class FlashAttentionBackward:
     @cute.jit
     def row_stats(self, ops: Operands, sStats, stage):
         """This thread's query rows of a per-row statistic (LSE * log2(e) or D) of `stage`."""
-        values = cute.make_rmem_tensor(cute.size(ops.tScS.shape[0]), Float32)
-        for r in cutlass.range_constexpr(cute.size(values)):
-            values[r] = sStats[ops.tScS[r, 0][0], stage]
-        return values
+        # Each lane loads the values of TILE_M / 32 of the queries its quad class sees
+        # (LaneSharedStats); the rows are then fetched by shuffle.
+        lane = cute.arch.lane_idx()
+        quad = lane % 4
+        owned = cute.make_rmem_tensor(2 * GROUPS_PER_LANE, Float32)
+        for g in cutlass.range_constexpr(GROUPS_PER_LANE):
+            for b in cutlass.range_constexpr(2):
+                owned[2 * g + b] = sStats[8 * ((lane // 4) * GROUPS_PER_LANE + g) + 2 * quad + b, stage]
+        return LaneSharedStats(owned, quad, ops.t0ScS)
 
     @cute.jit
-    def hand_over_dq(self, ops: Operands, acc_dQ):
+    def write_dq_half(self, ops: Operands, acc_dQ):
         """Write this warpgroup's dQ half to shared memory once the dQ warp has read out the
-        last one, then tell it the half is there."""
-        barrier_empty = DQ_EMPTY_BARRIER + ops.warpgroup
-        barrier_full = DQ_FULL_BARRIER + ops.warpgroup
-        cute.arch.barrier(barrier_id=barrier_empty, number_of_threads=DQ_BARRIER_THREADS)
+        last one."""
+        cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + ops.warpgroup, number_of_threads=DQ_BARRIER_THREADS)
         cute.autovec_copy(cute.make_tensor(acc_dQ.iterator, cute.make_layout(ops.tdQsdQ.shape)), ops.tdQsdQ)
+
+    @cute.jit
+    def publish_dq_half(self, ops: Operands):
+        """Tell the dQ warp that this warpgroup's dQ half is in shared memory."""
         # Plain stores, read next by the bulk reduction (async proxy).
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=barrier_full, number_of_threads=DQ_BARRIER_THREADS)
+        cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + ops.warpgroup, number_of_threads=DQ_BARRIER_THREADS)
 
     @cute.jit
     def apply_mask(self, ops: Operands, acc_S_qk: cute.Tensor, head: Int32, m_block: Int32):
