@@ -27,6 +27,7 @@ from fa_gen.runtime import build  # noqa: E402
 from fa_gen.spec_load import load_spec  # noqa: E402
 
 HEADS = 16
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOKENS = 16 * 1024
 
 
@@ -128,14 +129,15 @@ def bench(args) -> list[dict]:
     rows = []
     for head_dim in args.head_dims:
         for causal in (False, True):
-            spec = spec_for(head_dim, causal)
+            spec = spec_for(head_dim, causal, args.dtype)
             for seqlen in args.seqlens:
                 batch = max(TOKENS // seqlen, 1)
                 gen = torch.Generator(device="cuda").manual_seed(seqlen)
                 q, k, v, dout = (torch.randn(batch, seqlen, HEADS, head_dim, device="cuda", generator=gen,
-                                             dtype=torch.bfloat16) for _ in range(4))
+                                             dtype=TORCH_DTYPES[args.dtype]) for _ in range(4))
                 flops = 2.5 * 4 * batch * HEADS * seqlen * seqlen * head_dim / (2 if causal else 1)
-                row = {"head_dim": head_dim, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": HEADS}
+                row = {"head_dim": head_dim, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": HEADS,
+                       "dtype": args.dtype}
                 for name in args.impls:
                     try:
                         ms = time_ms(IMPLEMENTATIONS[name](spec, q, k, v, dout))
@@ -208,6 +210,7 @@ def main(argv=None):
     parser.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")], default=[128])
     parser.add_argument("--seqlens", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 4096, 8192, 16384])
     parser.add_argument("--impls", type=lambda s: s.split(","), default=list(IMPLEMENTATIONS))
+    parser.add_argument("--dtype", choices=sorted(TORCH_DTYPES), default="bf16", help="of the timed runs")
     parser.add_argument("--commit", default="dev")
     parser.add_argument("--out", default=None, help="directory for <date>-<commit>-sm90-bwd.json")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
@@ -224,7 +227,8 @@ def main(argv=None):
     rows = bench(args)
     if args.out:
         date = datetime.date.today().isoformat()
-        path = os.path.join(args.out, f"{date}-{args.commit}-sm90-bwd.json")
+        suffix = "" if args.dtype == "bf16" else f"-{args.dtype}"
+        path = os.path.join(args.out, f"{date}-{args.commit}-sm90-bwd{suffix}.json")
         meta = {"commit": args.commit, "date": date, "device": torch.cuda.get_device_name(),
                 "fa_gen": fa_gen.__version__, "metric": "backward TFLOP/s = 2.5 * forward FLOPs / time"}
         with open(path, "w") as f:

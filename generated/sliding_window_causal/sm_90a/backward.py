@@ -719,17 +719,14 @@ class FlashAttentionBackward:
         state_do = do_state(state)
         stage_do = state_do.index
         ops.pipeline_q.consumer_wait(state)
-        # LSE and D are read before the GEMMs are issued: read after them, their shared-memory
-        # loads queued behind the wgmmas and the exp2 / dS arithmetic waited on them.
-        lse_log2 = self.row_stats(ops, smem.sLSE, stage)
         # (MMA, MMA_M, MMA_N) S^T = K Q^T
         acc_S = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
         wgmma(make_mma_sdp, acc_S, ops.tSrK, ops.tSrQ[None, None, None, stage], False)
         ops.pipeline_do.consumer_wait(state_do)
-        dpsum = self.row_stats(ops, smem.sDPsum, stage_do)
         # (MMA, MMA_M, MMA_N) dP^T = V dO^T
         acc_dP = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
         wgmma(make_mma_sdp, acc_dP, ops.tdPrV, ops.tdPrdO[None, None, None, stage_do], False)
+        lse_log2 = self.row_stats(ops, smem.sLSE, stage)
         # S^T has landed (dP^T may still run).
         warpgroup.wait_group(1)
         acc_S_qk = query_key_view(acc_S)
@@ -743,6 +740,7 @@ class FlashAttentionBackward:
         to_operand(acc_S, ops.tdVrP)
         wgmma(make_mma_dv, ops.acc_dV, ops.tdVrP, ops.tdVrdOt[None, None, None, stage_do], True)
         # dV's GEMM runs while dS is computed and stored.
+        dpsum = self.row_stats(ops, smem.sDPsum, stage_do)
         # dP^T has landed (dV may still run).
         warpgroup.wait_group(1)
         acc_dP_qk = query_key_view(acc_dP)

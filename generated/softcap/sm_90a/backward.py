@@ -745,22 +745,20 @@ class FlashAttentionBackward:
         state_do = do_state(state)
         stage_do = state_do.index
         ops.pipeline_q.consumer_wait(state)
-        # LSE and D are read before the GEMMs are issued: read after them, their shared-memory
-        # loads queued behind the wgmmas and the exp2 / dS arithmetic waited on them.
-        lse_log2 = self.row_stats(ops, smem.sLSE, stage)
         # (MMA, MMA_M, MMA_N) S^T = K Q^T
         acc_S = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
         wgmma(make_mma_sdp, acc_S, ops.tSrK, ops.tSrQ[None, None, None, stage], False)
         ops.pipeline_do.consumer_wait(state_do)
-        dpsum = self.row_stats(ops, smem.sDPsum, stage_do)
         # (MMA, MMA_M, MMA_N) dP^T = V dO^T
         acc_dP = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
         wgmma(make_mma_sdp, acc_dP, ops.tdPrV, ops.tdPrdO[None, None, None, stage_do], False)
+        lse_log2 = self.row_stats(ops, smem.sLSE, stage)
         # S^T and dP^T have landed: P^T and dS^T come out of one pass through the score mod.
         warpgroup.wait_group(0)
         acc_S_qk = query_key_view(acc_S)
         if masked:
             self.apply_mask(ops, acc_S_qk, head, m_block)
+        dpsum = self.row_stats(ops, smem.sDPsum, stage_do)
         self.probs_and_score_gradient(ops, acc_S_qk, query_key_view(acc_dP), lse_log2, dpsum, head, m_block)
         to_operand(acc_S, ops.tdVrP)
         # dV's GEMM runs while dS is stored.
