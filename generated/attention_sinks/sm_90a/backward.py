@@ -42,7 +42,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.utils import LayoutEnum
 
 DTYPE = cutlass.BFloat16
@@ -218,6 +218,17 @@ def bulk_load(gmem_ptr: cute.Pointer, smem_ptr: cute.Pointer, mbar_ptr: cute.Poi
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
+
+
+@dsl_user_op
+def opaque_zero(*, loc=None, ip=None) -> Float32:
+    """0.0 from an instruction the compiler cannot move or fold. Zero-filled accumulators made
+    from the literal were hoisted (fp16 build) above the warp-role branch, live through the
+    producer's register cut, and ptxas then spilled and serialized the wgmmas."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [], "mov.b32 $0, 0;", "=f", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
 
 
 @dsl_user_op
@@ -498,8 +509,9 @@ class FlashAttentionBackward:
             # K and V have landed (even a key tile no query sees waits: its epilogue reuses their buffers).
             pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
             # A key tile no query row sees still stores dK = dV = 0.
-            ops.acc_dK.fill(0.0)
-            ops.acc_dV.fill(0.0)
+            zero = opaque_zero()
+            ops.acc_dK.fill(zero)
+            ops.acc_dV.fill(zero)
             if work.num_visits > 0:
                 self.mainloop(ops, work)
             self.epilogue(ops, work, mdK, mdV, smem, tma_atom_dK, tma_atom_dV)
