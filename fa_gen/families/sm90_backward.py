@@ -150,9 +150,6 @@ def kind_context(spec: Spec, arch: str) -> dict:
         # than after: 1-4% faster in the wide layout, 0-5% slower in the narrow one (H200,
         # bench/results/2026-11-21-edd8f38-sm90-bwd.json, variant late_stats).
         "bwd_early_stats": cfg.wide,
-        # The dQ warp issues both warpgroups' bulk reductions of a query tile before waiting for
-        # either to have read its buffer (two dQ buffers only).
-        "bwd_dq_overlap": True,
         "bwd_prepare_lanes": _prepare_lanes(spec.head_dim_v),
         # Replaces the forward's: the backward's names and per-call schedule (fa_gen.backward_plan).
         "expr": backward_expression_context(spec),

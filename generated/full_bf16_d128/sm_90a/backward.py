@@ -620,20 +620,23 @@ class FlashAttentionBackward:
         if stores.deterministic != 0:
             self.wait_for_turn(work, semaphore, m_block, count, lane)
         more = count + 1 < work.num_visits
-        # Both halves' reductions in flight at once (the second is not held back until the first
-        # has read its buffer); each buffer is handed back once its own reduction has read it.
         for wg in cutlass.range_constexpr(MMA_WARPGROUPS):
             cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + wg, number_of_threads=DQ_BARRIER_THREADS)
             if lane == 0:
-                bulk_reduce_add(stores.sdQ[None, wg].iterator, gdQaccum.iterator + wg * DQ_HALF, DQ_HALF * 4)
+                bulk_reduce_add(stores.sdQ[None, wg % DQ_BUFFERS].iterator, gdQaccum.iterator + wg * DQ_HALF,
+                                DQ_HALF * 4)
                 cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
-        if more:
-            for wg in cutlass.range_constexpr(MMA_WARPGROUPS):
-                if lane == 0:
-                    cute.arch.cp_async_bulk_wait_group(MMA_WARPGROUPS - 1 - wg, read=True)
-                cute.arch.sync_warp()
-                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + wg, number_of_threads=DQ_BARRIER_THREADS)
+            if const_expr(DQ_BUFFERS == MMA_WARPGROUPS):
+                if more:
+                    cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + wg, number_of_threads=DQ_BARRIER_THREADS)
+            elif const_expr(wg + 1 < MMA_WARPGROUPS):
+                # One shared buffer: the next warpgroup's turn,
+                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + wg + 1, number_of_threads=DQ_BARRIER_THREADS)
+            elif more:
+                # ... then the first one's, on the next query tile.
+                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
         if stores.deterministic != 0:
             if lane == 0:
                 # The adds have landed GPU-wide before the next key tile's CTA may add.
