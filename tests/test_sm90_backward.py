@@ -55,3 +55,18 @@ def test_d256_gives_up_dO_and_dQ_buffers_before_shared_memory_overflows():
     for better in sm90_backward._TILES[(256, 256)][:-1]:
         assert better.smem_bytes(256, 256) > 227 * 1024
 
+
+
+def test_d64_runs_the_register_lean_schedule():
+    """tile_m 128 fits the registers only in the lean order (tests/test_sm90_registers.py)."""
+    cfg = sm90_backward.backward_tile_config(_spec(64), "sm_90a")
+    assert (cfg.tile_m, cfg.lean, cfg.wide) == (128, True, False)
+    assert sm90_backward.kind_context(_spec(64), "sm_90a")["bwd"]["lean"]
+
+
+@pytest.mark.parametrize("kwargs", [dict(wide=True, lean=True), dict(lean=True, tile_m=32)],
+                         ids=["wide", "tile_m-32"])
+def test_lean_schedule_is_refused_where_the_template_cannot_run_it(kwargs):
+    args = {"tile_m": 64, "num_stages": 2, **kwargs}
+    with pytest.raises(ValueError, match="lean"):
+        sm90_backward.BackwardTileConfig(**args)

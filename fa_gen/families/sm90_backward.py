@@ -48,6 +48,14 @@ class BackwardTileConfig:
     # 128 the default schedule has ptxas serialize every wgmma (C7512).
     lean: bool = False
 
+    def __post_init__(self):
+        if self.lean and self.wide:
+            raise ValueError("BackwardTileConfig: `lean` is a schedule of the narrow layout; the wide "
+                             "layout has its own (P and dS through shared memory)")
+        if self.lean and self.tile_m % 64:
+            raise ValueError(f"BackwardTileConfig: the lean schedule shares LSE / D across lanes in groups "
+                             f"of 64 query rows; tile_m {self.tile_m} is not a multiple of 64")
+
     @property
     def tile_n(self) -> int:
         return ROWS_PER_WARPGROUP if self.wide else ROWS_PER_WARPGROUP * MMA_WARPGROUPS

@@ -24,6 +24,9 @@ Warpgroups 1 and 2 own 64 key rows each and run, per query tile:
   dV  += P^T dO and dK += dS^T Q, with P^T and dS^T as register operands
   dQ   = dS K, dS through shared memory (each warpgroup: half of the rows)
 Computing the transposed scores puts each key row in one warpgroup, the layout dV and dK need.
+Register-lean order (tile_m 128): dV is issued once dS is stored, dK once dV has landed,
+the dQ half is published once dK has landed, and LSE / D are shared across lanes by shuffle;
+the default order keeps too much pinned beside the wgmmas in flight for ptxas at this tile.
 With `deterministic` set, the CTAs of one query tile add their dQ in key-tile order,
 serialised by a per-tile counter, so dQ is bitwise reproducible; dK and dV always are.
 
