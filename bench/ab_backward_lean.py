@@ -13,24 +13,21 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_backward_sm90 as b  # noqa: E402
-from fa_gen import backward as backward_mod  # noqa: E402
 from fa_gen.families import sm90_backward as sb  # noqa: E402
 
 ALT = {dims: [dataclasses.replace(c, lean=not c.lean) for c in cfgs]
        for dims, cfgs in sb._TILES.items() if not cfgs[0].wide}
 
 
-def alt(spec, q, k, v, dout):
+def flip_lean():
     saved = dict(sb._TILES)
     sb._TILES.update(ALT)
-    backward_mod._BACKWARDS.clear()
-    try:
-        return b.fa_gen_backward("sm90")(spec, q, k, v, dout)
-    finally:
+
+    def undo():
         sb._TILES.clear()
         sb._TILES.update(saved)
-        backward_mod._BACKWARDS.clear()
+    return undo
 
 
-b.IMPLEMENTATIONS["fa_gen_sm90_alt"] = alt
+b.IMPLEMENTATIONS["fa_gen_sm90_alt"] = b.fa_gen_sm90_patched(flip_lean)
 b.main()

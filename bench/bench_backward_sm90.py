@@ -89,22 +89,32 @@ def sdpa_backward(backend_name: str):
     return make
 
 
-def fa_gen_sm90_variant(overrides: dict):
-    """The sm90 backward with some of its render-time choices (kind_context keys) overridden:
-    A/B comparisons of scheduling or tiling in one run, without a knob in the library."""
+def fa_gen_sm90_patched(patch):
+    """The sm90 backward built while `patch()` is in effect (it changes something in
+    fa_gen.families.sm90_backward and returns a function that undoes it): A/B comparisons in one
+    run, without a knob in the library. Built kernels are forgotten before and after."""
     def make(spec, q, k, v, dout):
         from fa_gen import backward as backward_mod
-        from fa_gen.families import sm90_backward
 
-        original = sm90_backward.kind_context
-        sm90_backward.kind_context = lambda s, a: {**original(s, a), **overrides}
+        undo = patch()
         backward_mod._BACKWARDS.clear()
         try:
             return fa_gen_backward("sm90")(spec, q, k, v, dout)
         finally:
-            sm90_backward.kind_context = original
+            undo()
             backward_mod._BACKWARDS.clear()
     return make
+
+
+def fa_gen_sm90_variant(overrides: dict):
+    """The sm90 backward with some of its render-time choices (kind_context keys) overridden."""
+    def patch():
+        from fa_gen.families import sm90_backward
+
+        original = sm90_backward.kind_context
+        sm90_backward.kind_context = lambda s, a: {**original(s, a), **overrides}
+        return lambda: setattr(sm90_backward, "kind_context", original)
+    return fa_gen_sm90_patched(patch)
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
