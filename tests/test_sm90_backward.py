@@ -42,7 +42,7 @@ def test_large_head_dims_split_dk_dv_across_warpgroups(head_dim):
     """Whole-head-dim dK and dV of 64 keys would need 192-256 fp32 registers per thread."""
     spec = _spec(head_dim)
     cfg = sm90_backward.backward_tile_config(spec, "sm_90a")
-    assert cfg.wide and cfg.tile_n == 64
+    assert cfg.wide and cfg.tile_n == (96 if spec.head_dim_qk == 192 else 64)
     narrow = sm90_backward.BackwardTileConfig(64, 2)
     assert narrow.accumulators(spec.head_dim_qk, spec.head_dim_v) > 192
 
@@ -70,3 +70,20 @@ def test_lean_schedule_is_refused_where_the_template_cannot_run_it(kwargs):
     args = {"tile_m": 64, "num_stages": 2, **kwargs}
     with pytest.raises(ValueError, match="lean"):
         sm90_backward.BackwardTileConfig(**args)
+
+
+@pytest.mark.parametrize("head_dim", (192, {"qk": 192, "v": 128}), ids=str)
+def test_d192_puts_96_keys_on_the_wgmma_n_axis(head_dim):
+    """96-key tiles (the wide layout's 64 is L2-bound at d192) fit only with keys on N."""
+    spec = _spec(head_dim)
+    cfg = sm90_backward.backward_tile_config(spec, "sm_90a")
+    assert (cfg.keys_on_n, cfg.tile_n, cfg.PdS_stages) == (True, 96, 1)
+    assert cfg.accumulators(spec.head_dim_qk, spec.head_dim_v) <= 192
+    assert sm90_backward.kind_context(spec, "sm_90a")["bwd"]["pds_stages"] == 1
+
+
+@pytest.mark.parametrize("kwargs", [dict(keys_on_n=True), dict(pds_stages=1), dict(wide=True, pds_stages=1)],
+                         ids=["narrow", "narrow-pds1", "wide-pds1"])
+def test_keys_on_n_and_single_pds_buffer_are_refused_outside_their_layout(kwargs):
+    with pytest.raises(ValueError):
+        sm90_backward.BackwardTileConfig(64, 2, **kwargs)

@@ -11,6 +11,11 @@ wide (head dims 192 and 256, where that is 192-256 registers): key tiles of 64 k
   warpgroups split S^T and dP^T by query columns, and dK, dV (and dQ) by head-dim columns, so
   each thread holds half as many dK/dV values. Every warpgroup's dV and dK then need all of P^T
   and dS^T: both go through shared memory, read back by the wgmma as MN-major operands.
+keys on N (wide, `keys_on_n`; head dim 192): S = Q K^T and dP = dO V^T unswapped, each warpgroup
+  48 of a 96-key tile on the wgmma N axis; dV^T = dO^T P and dK^T = Q^T dS with the whole head dim
+  as M and each warpgroup's keys as N (P and dS through shared memory, one buffer). The key tile
+  need not be a multiple of 64: 96 keys per CTA stream Q and dO and reduce dQ 1.5x less often
+  than 64 (the wide layout at d192 is L2-bound).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ PRODUCER_REGISTERS = 24
 # fp32 registers of one MMA thread at the peak (dK, dV, and S^T, dP^T or dQ); the rest of the
 # 240 holds the 16-bit P^T / dS^T operands, LSE and D of its query columns, and addresses.
 _MAX_ACCUMULATORS = 192
+# Keys per CTA of the keys-on-N layout: 48 per warpgroup (a wgmma N), dK^T and dV^T of 48 keys
+# over the whole head dim per thread group.
+KEYS_ON_N_TILE = 96
 # Query-tile rows the runtime pads the workspaces to (fa_gen.backward.ROW_ALIGN): tile_m divides it.
 _ROW_ALIGN = 128
 _SMEM_OVERHEAD = 1024
@@ -47,8 +55,18 @@ class BackwardTileConfig:
     # once dK has landed, and LSE / D are held a few per lane and fetched by shuffle. At tile_m
     # 128 the default schedule has ptxas serialize every wgmma (C7512).
     lean: bool = False
+    # Wide only: keys on the wgmma N axis (FlashAttention-3's d192 flow). S = Q K^T and
+    # dP = dO V^T unswapped, the warpgroups splitting the keys; dV^T = dO^T P and dK^T = Q^T dS
+    # with the head dim as M. Keys then need not come in multiples of 64: 96-key tiles.
+    keys_on_n: bool = False
+    pds_stages: int = 0   # shared-memory stages of P and dS; 0: num_stages
 
     def __post_init__(self):
+        if self.pds_stages not in (0, self.num_stages) and not (self.keys_on_n and self.pds_stages == 1):
+            raise ValueError("BackwardTileConfig: P and dS in fewer stages than Q only with keys on N "
+                             "(where each warpgroup reads its own keys' P), and then in one")
+        if self.keys_on_n and not self.wide:
+            raise ValueError("BackwardTileConfig: keys_on_n is a variant of the wide layout (wide=True)")
         if self.lean and self.wide:
             raise ValueError("BackwardTileConfig: `lean` is a schedule of the narrow layout; the wide "
                              "layout has its own (P and dS through shared memory)")
@@ -58,7 +76,13 @@ class BackwardTileConfig:
 
     @property
     def tile_n(self) -> int:
+        if self.keys_on_n:
+            return KEYS_ON_N_TILE
         return ROWS_PER_WARPGROUP if self.wide else ROWS_PER_WARPGROUP * MMA_WARPGROUPS
+
+    @property
+    def PdS_stages(self) -> int:
+        return self.pds_stages or self.num_stages
 
     @property
     def dq_split_rows(self) -> bool:
@@ -74,7 +98,7 @@ class BackwardTileConfig:
         q = self.num_stages * self.tile_m * head_dim_qk * 2
         do = self.dO_stages * self.tile_m * head_dim_v * 2
         k_v = self.tile_n * (head_dim_qk + head_dim_v) * 2
-        p_ds = (2 if self.wide else 1) * self.num_stages * self.tile_m * self.tile_n * 2
+        p_ds = (2 if self.wide else 1) * self.PdS_stages * self.tile_m * self.tile_n * 2
         dq_staging = self.dq_buffers * self.tile_m * head_dim_qk * 4 // MMA_WARPGROUPS
         lse_dpsum = (self.num_stages + self.dO_stages) * self.tile_m * 4
         return q + do + k_v + p_ds + dq_staging + lse_dpsum + _SMEM_OVERHEAD
@@ -101,8 +125,8 @@ _TILES = {
     (64, 64): [BackwardTileConfig(128, 2, lean=True)],
     (96, 96): [BackwardTileConfig(64, 2)],
     (128, 128): [BackwardTileConfig(64, 2)],
-    (192, 128): _WIDE,
-    (192, 192): _WIDE,
+    (192, 128): [BackwardTileConfig(64, 2, wide=True, keys_on_n=True, pds_stages=1), *_WIDE],
+    (192, 192): [BackwardTileConfig(64, 2, wide=True, keys_on_n=True, do_stages=1, pds_stages=1), *_WIDE],
     (256, 256): _WIDE,
 }
 
@@ -146,7 +170,8 @@ def kind_context(spec: Spec, arch: str) -> dict:
     assert not problems, problems  # backward_family and kernel_files refuse these first
     cfg = backward_tile_config(spec, arch)
     return {
-        "bwd": {**asdict(cfg), "tile_n": cfg.tile_n, "dq_split_rows": cfg.dq_split_rows, "do_stages": cfg.dO_stages},
+        "bwd": {**asdict(cfg), "tile_n": cfg.tile_n, "dq_split_rows": cfg.dq_split_rows, "do_stages": cfg.dO_stages,
+                "pds_stages": cfg.PdS_stages},
         "bwd_mma_registers": MMA_REGISTERS,
         "bwd_producer_registers": PRODUCER_REGISTERS,
         "bwd_smem_bytes": cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v),

@@ -4,8 +4,8 @@
 
 Variant: bf16, head dims qk 192 / v 128, mask causal
 (window_left=None, window_right=0, bottom_right), softmax_scale=0.07216878364870322.
-Tiles: 64 key rows per CTA x 64 query rows per step, 2 Q stages, 2 dO stages,
-2 dQ staging buffers, 206848 bytes of shared memory.
+Tiles: 96 key rows per CTA x 64 query rows per step, 2 Q stages, 2 dO stages,
+2 dQ staging buffers, 219136 bytes of shared memory.
 
 One host function launches three kernels on one stream:
   prepare      per 128 query rows: D = rowsum(dO * O) in fp32, LSE * log2(e) (+inf where LSE
@@ -19,7 +19,7 @@ Warp roles of the main kernel (384 threads). Warp 0 loads K and V once, then Q a
 query tile (with their LSE and D rows) through TMA rings. Warp 1 adds each tile's dQ
 into the fp32 accumulator with bulk reductions (cp.reduce.async.bulk) from shared memory.
 Warpgroups 1 and 2 each take half of the query columns of the scores and half of the head dim
-of the gradients (a thread's dK and dV: 64 keys x half the head dim), per query tile:
+of the gradients (a thread's dK and dV: 96 keys x half the head dim), per query tile:
   S^T  = K Q^T,  P^T = exp2(S^T * scale_log2 - LSE_log2)    (masked scores -inf: P = 0)
   dP^T = V dO^T, dS^T = P^T * (dP^T - D)
   P and dS to shared memory (stmatrix.trans), where both warpgroups read all of them:
@@ -45,20 +45,25 @@ DTYPE = cutlass.BFloat16
 HEAD_DIM_QK = 192
 HEAD_DIM_V = 128
 TILE_M = 64
-TILE_N = 64
+TILE_N = 96
 # Stages of Q (and of dS and P), and of dO.
 NUM_STAGES = 2
 DO_STAGES = 2
 # The wide layout: the warpgroups split S^T / dP^T by query columns and dK, dV by head-dim
 # columns; P^T and dS^T reach dV and dK through shared memory.
 WIDE = True
+# ... with the keys on the wgmma N axis: S = Q K^T and dP = dO V^T with the warpgroups splitting
+# the keys, dV^T = dO^T P and dK^T = Q^T dS with the whole head dim as M.
+KEYS_ON_N = True
+# Shared-memory stages of P and dS.
+PDS_STAGES = 1
 # dQ = dS K over the two MMA warpgroups: split by rows (True) or by head-dim columns.
 DQ_SPLIT_ROWS = False
 # Head-dim columns of dQ (and of K, read MN-major for it) per MMA warpgroup.
 DQ_COLS = HEAD_DIM_QK if DQ_SPLIT_ROWS else HEAD_DIM_QK // 2
 # Head-dim columns of dK and dV (and of Q and dO, read MN-major for them) per MMA warpgroup.
-DK_COLS = HEAD_DIM_QK // 2 if WIDE else HEAD_DIM_QK
-DV_COLS = HEAD_DIM_V // 2 if WIDE else HEAD_DIM_V
+DK_COLS = HEAD_DIM_QK // 2 if WIDE and not KEYS_ON_N else HEAD_DIM_QK
+DV_COLS = HEAD_DIM_V // 2 if WIDE and not KEYS_ON_N else HEAD_DIM_V
 # dQ halves staged in shared memory at once: one per warpgroup, or one they take in turn.
 DQ_BUFFERS = 2
 MMA_REGISTERS = 240
@@ -108,6 +113,11 @@ def query_key_view(acc_t: cute.Tensor) -> cute.Tensor:
     return swap_modes(mn_view(acc_t), [1, 0])
 
 
+def score_view(acc: cute.Tensor) -> cute.Tensor:
+    """A score accumulator (S, P, dP or dS) as (query rows, key columns)."""
+    return mn_view(acc) if KEYS_ON_N else query_key_view(acc)
+
+
 @cute.jit
 def to_operand(acc: cute.Tensor, operand: cute.Tensor):
     """Round an fp32 accumulator into a 16-bit register operand of the same size.
@@ -140,6 +150,9 @@ def make_mma_sdp() -> cute.TiledMma:
     """S^T = K Q^T and dP^T = V dO^T: both operands K-major in shared memory; narrow: 64 keys
     per warpgroup, wide: every key and half of the query columns per warpgroup."""
     atoms, cols = ((1, MMA_WARPGROUPS, 1), TILE_M // 2) if WIDE else ((MMA_WARPGROUPS, 1, 1), TILE_M)
+    if KEYS_ON_N:
+        # S = Q K^T, dP = dO V^T: the query rows on M, each warpgroup's half of the keys on N.
+        atoms, cols = (1, MMA_WARPGROUPS, 1), TILE_N // 2
     return sm90_utils.make_trivial_tiled_mma(
         DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
         atom_layout_mnk=atoms, tiler_mn=(64, cols))
@@ -149,6 +162,12 @@ def make_mma_dkv(cols: int) -> cute.TiledMma:
     """dK += dS^T Q or dV += P^T dO, the B operand (Q, dO) read MN-major as (head_dim, tile_m).
     Narrow: the A operand from registers, 64 keys per warpgroup. Wide: A from shared memory
     (the (tile_m, tile_n) P or dS tile read MN-major), half of the head dim per warpgroup."""
+    if KEYS_ON_N:
+        # dK^T = Q^T dS, dV^T = dO^T P: (head_dim, tile_m) A and (tile_n, tile_m) B, both
+        # MN-major; each warpgroup its half of the keys on N, the whole head dim on M.
+        return sm90_utils.make_trivial_tiled_mma(
+            DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(1, MMA_WARPGROUPS, 1), tiler_mn=(64, TILE_N // 2))
     if WIDE:
         return sm90_utils.make_trivial_tiled_mma(
             DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.MN, Float32,
@@ -311,7 +330,9 @@ class FlashAttentionBackward:
         sdO_layout = smem_layout(DV_COLS, (TILE_M, HEAD_DIM_V, DO_STAGES))
         sK_layout = smem_layout(DQ_COLS, (TILE_N, HEAD_DIM_QK))
         sV_layout = smem_layout(DV_COLS, (TILE_N, HEAD_DIM_V))
-        sdS_layout = smem_layout(TILE_N, (TILE_M, TILE_N, NUM_STAGES))
+        # Keys on N: each warpgroup reads its half of the keys MN-major (the swizzle atom must
+        # divide TILE_N / 2).
+        sdS_layout = smem_layout(TILE_N // 2 if KEYS_ON_N else TILE_N, (TILE_M, TILE_N, PDS_STAGES))
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         store = cpasync.CopyBulkTensorTileS2GOp()
@@ -468,17 +489,17 @@ class FlashAttentionBackward:
         work.key_offset = key_offset
         # The key tile's first key on the query axis: query row i sees key j when
         # j - offset - 0 <= i <= j - offset + inf.
-        m_block_key0 = n_block * 64 - (key_offset)
+        m_block_key0 = n_block * 96 - (key_offset)
         # Query tiles that see this key tile: [m_block_lo, m_block_hi).
         m_block_hi = cute.ceil_div(seqlen_q, 64)
         # ... from the first row whose right edge reaches the tile's first key.
         m_block_lo = cutlass.max(m_block_key0 - 0, 0) // 64
         # Tiles whose every row sees the whole key tile: [m_block_free_lo, m_block_free_hi).
         # First row whose right edge passes the tile's last key,
-        m_block_free_lo = cute.ceil_div(cutlass.max(m_block_key0 + 63, 0), 64)
+        m_block_free_lo = cute.ceil_div(cutlass.max(m_block_key0 + 95, 0), 64)
         m_block_free_hi = m_block_hi
         # A key tile running past seqlen_k needs the element mask on every query tile.
-        m_block_free_lo = m_block_hi if (n_block + 1) * 64 > seqlen_k else m_block_free_lo
+        m_block_free_lo = m_block_hi if (n_block + 1) * 96 > seqlen_k else m_block_free_lo
         # Keep lo <= free_lo <= free_hi <= hi.
         m_block_free_lo = cutlass.max(cutlass.min(m_block_free_lo, m_block_hi), m_block_lo)
         m_block_free_hi = cutlass.max(cutlass.min(m_block_free_hi, m_block_hi), m_block_free_lo)
@@ -662,14 +683,14 @@ class FlashAttentionBackward:
         # [diagonal + r, diagonal + r + 0] (unbounded where no window).
         turn_diagonal = m_block * 64 + key_offset
         # Key tiles this query tile visits: [turn_lo, turn_hi).
-        turn_hi = cute.ceil_div(seqlen_k, 64)
+        turn_hi = cute.ceil_div(seqlen_k, 96)
         # ... up to the last row's right edge,
-        turn_hi = cutlass.min(turn_hi, cute.ceil_div(cutlass.max(turn_diagonal + 64, 0), 64))
+        turn_hi = cutlass.min(turn_hi, cute.ceil_div(cutlass.max(turn_diagonal + 64, 0), 96))
         turn_lo = Int32(0)
         # Tiles every row sees in full, [turn_free_lo, turn_free_hi): inside seqlen_k,
-        turn_free_hi = seqlen_k // 64
+        turn_free_hi = seqlen_k // 96
         # ... left of the first row's right edge,
-        turn_free_hi = cutlass.min(turn_free_hi, cutlass.max(turn_diagonal + 1, 0) // 64)
+        turn_free_hi = cutlass.min(turn_free_hi, cutlass.max(turn_diagonal + 1, 0) // 96)
         turn_free_lo = turn_lo
         # Keep lo <= free_lo <= free_hi <= hi.
         turn_free_hi = cutlass.max(cutlass.min(turn_free_hi, turn_hi), turn_lo)
@@ -697,39 +718,38 @@ class FlashAttentionBackward:
         mma_sdp, mma_dk, mma_dv, mma_dq = make_mma_sdp(), make_mma_dk(), make_mma_dv(), make_mma_dq()
         wg_sdp, wg_dk, wg_dv, wg_dq = (m.get_slice(wg_thread) for m in (mma_sdp, mma_dk, mma_dv, mma_dq))
         thr_sdp, thr_dk, thr_dv, thr_dq = (m.get_slice(tidx) for m in (mma_sdp, mma_dk, mma_dv, mma_dq))
-        # S^T = K Q^T, dP^T = V dO^T: (MMA, MMA_M, MMA_K) and (MMA, MMA_N, MMA_K, stage)
-        ops.tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(smem.sK))
-        ops.tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(smem.sQ))
-        ops.tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(smem.sV))
-        ops.tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(smem.sdO))
-        ops.acc_shape_S = thr_sdp.partition_shape_C((TILE_N, TILE_M))
-        # dV += P^T dO, dK += dS^T Q: B operands (head_dim, tile_m, stage) read MN-major.
-        ops.tdVrdOt = wg_dv.make_fragment_B(wg_dv.partition_B(swap_modes(smem.sdO, [1, 0, 2])))
-        ops.tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(swap_modes(smem.sQ, [1, 0, 2])))
-        # (MMA, MMA_M, MMA_K, stage) A operands P^T and dS^T: the (tile_m, tile_n) tiles read MN-major.
-        ops.tdVrP = wg_dv.make_fragment_A(wg_dv.partition_A(swap_modes(smem.sP, [1, 0, 2])))
-        ops.tdKrdS = wg_dk.make_fragment_A(wg_dk.partition_A(swap_modes(smem.sdS, [1, 0, 2])))
-        # (MMA, MMA_N, MMA_K) fp32 dK and dV of this warpgroup's keys, summed over the group's heads.
-        ops.acc_dK = thr_dk.make_fragment_C(thr_dk.partition_shape_C((TILE_N, HEAD_DIM_QK)))
-        ops.acc_dV = thr_dv.make_fragment_C(thr_dv.partition_shape_C((TILE_N, HEAD_DIM_V)))
+        # S = Q K^T, dP = dO V^T: (MMA, MMA_M, MMA_K, stage) and (MMA, MMA_N, MMA_K)
+        ops.tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(smem.sQ))
+        ops.tSrK = wg_sdp.make_fragment_B(wg_sdp.partition_B(smem.sK))
+        ops.tdPrdO = wg_sdp.make_fragment_A(wg_sdp.partition_A(smem.sdO))
+        ops.tdPrV = wg_sdp.make_fragment_B(wg_sdp.partition_B(smem.sV))
+        ops.acc_shape_S = thr_sdp.partition_shape_C((TILE_M, TILE_N))
+        # dV^T += dO^T P, dK^T += Q^T dS: A operands (head_dim, tile_m, stage) and B operands
+        # (tile_n, tile_m, stage), all read MN-major.
+        ops.tdVrdOt = wg_dv.make_fragment_A(wg_dv.partition_A(swap_modes(smem.sdO, [1, 0, 2])))
+        ops.tdKrQt = wg_dk.make_fragment_A(wg_dk.partition_A(swap_modes(smem.sQ, [1, 0, 2])))
+        ops.tdVrP = wg_dv.make_fragment_B(wg_dv.partition_B(swap_modes(smem.sP, [1, 0, 2])))
+        ops.tdKrdS = wg_dk.make_fragment_B(wg_dk.partition_B(swap_modes(smem.sdS, [1, 0, 2])))
+        # (MMA, MMA_M, MMA_N) fp32 dK^T and dV^T of this warpgroup's keys, summed over the group's heads.
+        ops.acc_dK = thr_dk.make_fragment_C(thr_dk.partition_shape_C((HEAD_DIM_QK, TILE_N)))
+        ops.acc_dV = thr_dv.make_fragment_C(thr_dv.partition_shape_C((HEAD_DIM_V, TILE_N)))
         # dQ = dS K: (MMA, MMA_M, MMA_K, stage) and (MMA, MMA_N, MMA_K); K read MN-major.
         ops.tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(smem.sdS))
         ops.tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(swap_modes(smem.sK, [1, 0])))
         ops.acc_shape_dQ = thr_dq.partition_shape_C((TILE_M, HEAD_DIM_QK))
-        # dS^T leaves registers transposed (stmatrix.trans) into sdS, a (tile_m, tile_n) tile.
+        # P and dS leave registers as they are (stmatrix) into sP / sdS, (tile_m, tile_n) tiles.
         store_dS = cute.make_tiled_copy_C(
-            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), DTYPE), mma_sdp
+            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), DTYPE), mma_sdp
         ).get_slice(tidx)
         ops.store_dS = store_dS
-        # (CPY, CPY_N, CPY_M, stage)
-        ops.tdSsdS = store_dS.partition_D(swap_modes(smem.sdS, [1, 0, 2]))
-        ops.tPsP = store_dS.partition_D(swap_modes(smem.sP, [1, 0, 2]))
+        # (CPY, CPY_M, CPY_N, stage)
+        ops.tdSsdS = store_dS.partition_D(smem.sdS)
+        ops.tPsP = store_dS.partition_D(smem.sP)
         # Score coordinates as (query rows, key columns) views holding (query, key) pairs:
         # this thread's, and thread 0's (compile-time constants for the mask's column tests).
-        cSt = cute.composition(cute.make_identity_tensor((TILE_M, TILE_N)),
-                               cute.make_layout((TILE_N, TILE_M), stride=(TILE_M, 1)))
-        ops.tScS = query_key_view(thr_sdp.partition_C(cSt))
-        ops.t0ScS = query_key_view(mma_sdp.get_slice(0).partition_C(cSt))
+        cS = cute.make_identity_tensor((TILE_M, TILE_N))
+        ops.tScS = mn_view(thr_sdp.partition_C(cS))
+        ops.t0ScS = mn_view(mma_sdp.get_slice(0).partition_C(cS))
         # This warpgroup's half of the dQ tile in shared memory, in dq_half_copy order.
         ops.tdQsdQ = dq_half_copy().get_slice(tidx % WARPGROUP_THREADS).partition_D(
             smem.sdQ[None, ops.warpgroup % DQ_BUFFERS])
@@ -754,15 +774,15 @@ class FlashAttentionBackward:
         lse_log2 = self.row_stats(ops, smem.sLSE, stage)
         # (MMA, MMA_M, MMA_N) S^T = K Q^T
         acc_S = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
-        wgmma(make_mma_sdp, acc_S, ops.tSrK, ops.tSrQ[None, None, None, stage], False)
+        wgmma(make_mma_sdp, acc_S, ops.tSrQ[None, None, None, stage], ops.tSrK, False)
         ops.pipeline_do.consumer_wait(state_do)
         dpsum = self.row_stats(ops, smem.sDPsum, stage_do)
         # (MMA, MMA_M, MMA_N) dP^T = V dO^T
         acc_dP = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
-        wgmma(make_mma_sdp, acc_dP, ops.tdPrV, ops.tdPrdO[None, None, None, stage_do], False)
+        wgmma(make_mma_sdp, acc_dP, ops.tdPrdO[None, None, None, stage_do], ops.tdPrV, False)
         # S^T has landed (dP^T may still run).
         warpgroup.wait_group(1)
-        acc_S_qk = query_key_view(acc_S)
+        acc_S_qk = score_view(acc_S)
         if masked:
             self.apply_mask(ops, acc_S_qk, head, m_block)
         for r in cutlass.range_constexpr(cute.size(acc_S_qk.shape[0])):
@@ -770,29 +790,31 @@ class FlashAttentionBackward:
             for c in cutlass.range_constexpr(cute.size(acc_S_qk.shape[1])):
                 # One FFMA and one EX2 per score, as in the forward.
                 acc_S_qk[r, c] = cute.math.exp2(acc_S_qk[r, c] * SOFTMAX_SCALE_LOG2 - row_lse_log2, fastmath=True)
-        # Both warpgroups' halves of P are in place before either one's dV reads all of it.
-        self.store_transposed(ops, acc_S, ops.tPsP[None, None, None, stage])
+        # Both warpgroups' halves of P are in place before either one's dV reads all of it        # (keys on N: a warpgroup reads only its own keys' P; with one P / dS buffer the barrier
+        # also tells that every dQ of the last tile has read sdS).
+        self.store_scores(ops, acc_S, ops.tPsP[None, None, None, 0])
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=P_BARRIER, number_of_threads=MMA_THREADS)
-        wgmma(make_mma_dv, ops.acc_dV, ops.tdVrP[None, None, None, stage], ops.tdVrdOt[None, None, None, stage_do],
+        wgmma(make_mma_dv, ops.acc_dV, ops.tdVrdOt[None, None, None, stage_do], ops.tdVrP[None, None, None, 0],
               True)
         # dV's GEMM runs while dS is computed and stored.
         # dP^T has landed (dV may still run).
         warpgroup.wait_group(1)
-        acc_dP_qk = query_key_view(acc_dP)
+        acc_dP_qk = score_view(acc_dP)
         for r in cutlass.range_constexpr(cute.size(acc_S_qk.shape[0])):
             row_dpsum = dpsum[r]
             for c in cutlass.range_constexpr(cute.size(acc_S_qk.shape[1])):
                 acc_dP_qk[r, c] = acc_S_qk[r, c] * (acc_dP_qk[r, c] - row_dpsum)
-        # dS (the transpose of what this thread holds) into this stage's sdS, for dQ = dS K and dK.
-        self.store_transposed(ops, acc_dP, ops.tdSsdS[None, None, None, stage])
+        # dS into sdS (the transpose of what this thread holds, unless keys are on N), for dQ = dS K and dK.
+        self.store_scores(ops, acc_dP, ops.tdSsdS[None, None, None, 0])
         # stmatrix writes are generic-proxy; wgmma reads through the async proxy. Both warpgroups'
         # halves of dS must be in place: each one's dQ reads every key column.
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=DS_BARRIER, number_of_threads=MMA_THREADS)
         acc_dQ = cute.make_rmem_tensor(ops.acc_shape_dQ, Float32)
-        wgmma(make_mma_dq, acc_dQ, ops.tdQrdS[None, None, None, stage], ops.tdQrKt, False)
-        wgmma(make_mma_dk, ops.acc_dK, ops.tdKrdS[None, None, None, stage], ops.tdKrQt[None, None, None, stage], True)
+        wgmma(make_mma_dq, acc_dQ, ops.tdQrdS[None, None, None, 0], ops.tdQrKt, False)
+        wgmma(make_mma_dk, ops.acc_dK, ops.tdKrQt[None, None, None, stage], ops.tdKrdS[None, None, None, 0],
+              True)
         # dV has landed: dO's stage is free (the next one may be its only stage).
         warpgroup.wait_group(2)
         ops.pipeline_do.consumer_release(state_do)
@@ -809,9 +831,10 @@ class FlashAttentionBackward:
         return state
 
     @cute.jit
-    def store_transposed(self, ops: Operands, acc: cute.Tensor, dst: cute.Tensor):
-        """Round a transposed-score accumulator (P^T or dS^T) to the input dtype and write it
-        with stmatrix.trans into `dst`, a stage of a (tile_m, tile_n) tile."""
+    def store_scores(self, ops: Operands, acc: cute.Tensor, dst: cute.Tensor):
+        """Round a score accumulator (P or dS; transposed unless keys are on N) to the input
+        dtype and write it with stmatrix (.trans where transposed) into `dst`, a stage of a
+        (tile_m, tile_n) tile."""
         rX = cute.make_rmem_tensor(acc.shape, DTYPE)
         rX.store(acc.load().to(DTYPE))
         cute.copy(ops.store_dS, ops.store_dS.retile(rX), dst)
@@ -865,10 +888,11 @@ class FlashAttentionBackward:
                                     (ops.acc_dV, make_mma_dv(), smem.sV, 1.0)):
             rX = cute.make_rmem_tensor(acc.shape, DTYPE)
             rX.store((acc.load() * scale).to(DTYPE))
+            # Keys on N: the accumulators hold dK^T and dV^T, written transposed.
             store = cute.make_tiled_copy_C(
-                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), DTYPE), mma
+                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=KEYS_ON_N, num_matrices=4), DTYPE), mma
             ).get_slice(ops.tidx)
-            cute.copy(store, store.retile(rX), store.partition_D(sX))
+            cute.copy(store, store.retile(rX), store.partition_D(swap_modes(sX, [1, 0]) if KEYS_ON_N else sX))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=MMA_THREADS)
         if ops.tidx < 32:

@@ -55,13 +55,18 @@ DO_STAGES = 2
 # The wide layout: the warpgroups split S^T / dP^T by query columns and dK, dV by head-dim
 # columns; P^T and dS^T reach dV and dK through shared memory.
 WIDE = False
+# ... with the keys on the wgmma N axis: S = Q K^T and dP = dO V^T with the warpgroups splitting
+# the keys, dV^T = dO^T P and dK^T = Q^T dS with the whole head dim as M.
+KEYS_ON_N = False
+# Shared-memory stages of P and dS.
+PDS_STAGES = 2
 # dQ = dS K over the two MMA warpgroups: split by rows (True) or by head-dim columns.
 DQ_SPLIT_ROWS = True
 # Head-dim columns of dQ (and of K, read MN-major for it) per MMA warpgroup.
 DQ_COLS = HEAD_DIM_QK if DQ_SPLIT_ROWS else HEAD_DIM_QK // 2
 # Head-dim columns of dK and dV (and of Q and dO, read MN-major for them) per MMA warpgroup.
-DK_COLS = HEAD_DIM_QK // 2 if WIDE else HEAD_DIM_QK
-DV_COLS = HEAD_DIM_V // 2 if WIDE else HEAD_DIM_V
+DK_COLS = HEAD_DIM_QK // 2 if WIDE and not KEYS_ON_N else HEAD_DIM_QK
+DV_COLS = HEAD_DIM_V // 2 if WIDE and not KEYS_ON_N else HEAD_DIM_V
 # dQ halves staged in shared memory at once: one per warpgroup, or one they take in turn.
 DQ_BUFFERS = 2
 MMA_REGISTERS = 240
@@ -137,6 +142,11 @@ class LaneSharedStats:
         return cute.arch.shuffle_sync(held, offset=self.quad + 4 * (group // GROUPS_PER_LANE))
 
 
+def score_view(acc: cute.Tensor) -> cute.Tensor:
+    """A score accumulator (S, P, dP or dS) as (query rows, key columns)."""
+    return mn_view(acc) if KEYS_ON_N else query_key_view(acc)
+
+
 @cute.jit
 def to_operand(acc: cute.Tensor, operand: cute.Tensor):
     """Round an fp32 accumulator into a 16-bit register operand of the same size.
@@ -169,6 +179,9 @@ def make_mma_sdp() -> cute.TiledMma:
     """S^T = K Q^T and dP^T = V dO^T: both operands K-major in shared memory; narrow: 64 keys
     per warpgroup, wide: every key and half of the query columns per warpgroup."""
     atoms, cols = ((1, MMA_WARPGROUPS, 1), TILE_M // 2) if WIDE else ((MMA_WARPGROUPS, 1, 1), TILE_M)
+    if KEYS_ON_N:
+        # S = Q K^T, dP = dO V^T: the query rows on M, each warpgroup's half of the keys on N.
+        atoms, cols = (1, MMA_WARPGROUPS, 1), TILE_N // 2
     return sm90_utils.make_trivial_tiled_mma(
         DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
         atom_layout_mnk=atoms, tiler_mn=(64, cols))
@@ -178,6 +191,12 @@ def make_mma_dkv(cols: int) -> cute.TiledMma:
     """dK += dS^T Q or dV += P^T dO, the B operand (Q, dO) read MN-major as (head_dim, tile_m).
     Narrow: the A operand from registers, 64 keys per warpgroup. Wide: A from shared memory
     (the (tile_m, tile_n) P or dS tile read MN-major), half of the head dim per warpgroup."""
+    if KEYS_ON_N:
+        # dK^T = Q^T dS, dV^T = dO^T P: (head_dim, tile_m) A and (tile_n, tile_m) B, both
+        # MN-major; each warpgroup its half of the keys on N, the whole head dim on M.
+        return sm90_utils.make_trivial_tiled_mma(
+            DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(1, MMA_WARPGROUPS, 1), tiler_mn=(64, TILE_N // 2))
     if WIDE:
         return sm90_utils.make_trivial_tiled_mma(
             DTYPE, DTYPE, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.MN, Float32,
@@ -340,7 +359,9 @@ class FlashAttentionBackward:
         sdO_layout = smem_layout(DV_COLS, (TILE_M, HEAD_DIM_V, DO_STAGES))
         sK_layout = smem_layout(DQ_COLS, (TILE_N, HEAD_DIM_QK))
         sV_layout = smem_layout(DV_COLS, (TILE_N, HEAD_DIM_V))
-        sdS_layout = smem_layout(TILE_N, (TILE_M, TILE_N, NUM_STAGES))
+        # Keys on N: each warpgroup reads its half of the keys MN-major (the swizzle atom must
+        # divide TILE_N / 2).
+        sdS_layout = smem_layout(TILE_N // 2 if KEYS_ON_N else TILE_N, (TILE_M, TILE_N, PDS_STAGES))
 
         load = cpasync.CopyBulkTensorTileG2SOp()
         store = cpasync.CopyBulkTensorTileS2GOp()
@@ -778,7 +799,7 @@ class FlashAttentionBackward:
         lse_log2 = self.row_stats(ops, smem.sLSE, stage)
         # S^T has landed (dP^T may still run).
         warpgroup.wait_group(1)
-        acc_S_qk = query_key_view(acc_S)
+        acc_S_qk = score_view(acc_S)
         if masked:
             self.apply_mask(ops, acc_S_qk, head, m_block)
         for r in cutlass.range_constexpr(cute.size(acc_S_qk.shape[0])):
@@ -789,7 +810,7 @@ class FlashAttentionBackward:
         dpsum = self.row_stats(ops, smem.sDPsum, stage_do)
         # dP^T has landed.
         warpgroup.wait_group(0)
-        acc_dP_qk = query_key_view(acc_dP)
+        acc_dP_qk = score_view(acc_dP)
         for r in cutlass.range_constexpr(cute.size(acc_S_qk.shape[0])):
             row_dpsum = dpsum[r]
             for c in cutlass.range_constexpr(cute.size(acc_S_qk.shape[1])):
@@ -876,10 +897,11 @@ class FlashAttentionBackward:
                                     (ops.acc_dV, make_mma_dv(), smem.sV, 1.0)):
             rX = cute.make_rmem_tensor(acc.shape, DTYPE)
             rX.store((acc.load() * scale).to(DTYPE))
+            # Keys on N: the accumulators hold dK^T and dV^T, written transposed.
             store = cute.make_tiled_copy_C(
-                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), DTYPE), mma
+                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=KEYS_ON_N, num_matrices=4), DTYPE), mma
             ).get_slice(ops.tidx)
-            cute.copy(store, store.retile(rX), store.partition_D(sX))
+            cute.copy(store, store.retile(rX), store.partition_D(swap_modes(sX, [1, 0]) if KEYS_ON_N else sX))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=MMA_THREADS)
         if ops.tidx < 32:
