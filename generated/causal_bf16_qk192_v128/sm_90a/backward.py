@@ -769,8 +769,8 @@ class FlashAttentionBackward:
         state_do = do_state(state)
         stage_do = state_do.index
         ops.pipeline_q.consumer_wait(state)
-        # LSE and D are read before the GEMMs are issued: read after them, their shared-memory
-        # loads queued behind the wgmmas and the exp2 / dS arithmetic waited on them.
+        # LSE is read before the GEMMs are issued: read after them, its shared-memory loads
+        # queue behind the wgmmas' operand reads and exp2(S - LSE) waits on them.
         lse_log2 = self.row_stats(ops, smem.sLSE, stage)
         # (MMA, MMA_M, MMA_N) S^T = K Q^T
         acc_S = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
