@@ -179,10 +179,14 @@ def kind_context(spec: Spec, arch: str) -> dict:
         # end together: then last to first, so that in deterministic mode the CTAs of a query
         # tile add their dQ in key-tile order after a short skew (as the sm80 backward does).
         "bwd_ascending": spec.window_right is None,
-        # Per-row LSE (and D) read from shared memory before the step's GEMMs are issued rather
-        # than after: 1-4% faster in the wide layout, 0-5% slower in the narrow one (H200,
-        # bench/results/2026-11-21-edd8f38-sm90-bwd.json, variant late_stats).
-        "bwd_early_lse": cfg.wide,
+        # Per-row LSE and D read from shared memory before the step's GEMMs are issued rather
+        # than after them, where their loads queue behind the wgmmas' operand reads (ncu, d128:
+        # the first exp2 waited on LSE for 11% of all stall samples). H200 A/Bs: both early,
+        # 1-4% faster in the wide layout (2026-11-21-edd8f38-sm90-bwd.json, variant late_stats);
+        # in the narrow one LSE early and D late, 4-7% faster at d96 and within noise at d128
+        # (both early there: up to 3% slower), the lean d64 0-2% slower
+        # (2026-11-21-fcb1c34-stats-sm90-bwd.json, variants lse and both).
+        "bwd_early_lse": not cfg.lean,
         "bwd_early_dpsum": cfg.wide,
         "bwd_prepare_lanes": _prepare_lanes(spec.head_dim_v),
         # Replaces the forward's: the backward's names and per-call schedule (fa_gen.backward_plan).

@@ -752,6 +752,9 @@ class FlashAttentionBackward:
         state_do = do_state(state)
         stage_do = state_do.index
         ops.pipeline_q.consumer_wait(state)
+        # LSE is read before the GEMMs are issued: read after them, its shared-memory loads
+        # queue behind the wgmmas' operand reads and exp2(S - LSE) waits on them.
+        lse_log2 = self.row_stats(ops, smem.sLSE, stage)
         # (MMA, MMA_M, MMA_N) S^T = K Q^T
         acc_S = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
         wgmma(make_mma_sdp, acc_S, ops.tSrK, ops.tSrQ[None, None, None, stage], False)
@@ -759,7 +762,6 @@ class FlashAttentionBackward:
         # (MMA, MMA_M, MMA_N) dP^T = V dO^T
         acc_dP = cute.make_rmem_tensor(ops.acc_shape_S, Float32)
         wgmma(make_mma_sdp, acc_dP, ops.tdPrV, ops.tdPrdO[None, None, None, stage_do], False)
-        lse_log2 = self.row_stats(ops, smem.sLSE, stage)
         # S^T has landed (dP^T may still run).
         warpgroup.wait_group(1)
         acc_S_qk = score_view(acc_S)
