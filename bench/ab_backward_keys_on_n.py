@@ -2,7 +2,7 @@
 fa_gen_sm90_wide is fa_gen_sm90 with the keys-on-N tile configs left out, so the head dims they
 serve (192, qk192/v128) fall back to the wide layout.
 
-    python bench/ab_backward_keys_on_n.py --head-dims 192 --seqlens 4096,16384 \\
+    python bench/ab_backward_keys_on_n.py --head-dims 192 --seqlens 4096,16384 \
         --impls fa_gen_sm90,fa_gen_sm90_wide,fa4 --commit abc1234 --out bench/results
 
 Takes bench_backward_sm90.py's arguments.
@@ -10,22 +10,9 @@ Takes bench_backward_sm90.py's arguments.
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_backward_sm90 as b  # noqa: E402
-from fa_gen.families import sm90_backward as sb  # noqa: E402
 
-
-def without_keys_on_n():
-    saved = dict(sb._TILES)
-    for dims, cfgs in saved.items():
-        sb._TILES[dims] = [c for c in cfgs if not c.keys_on_n]
-
-    def undo():
-        sb._TILES.clear()
-        sb._TILES.update(saved)
-    return undo
-
-
-b.IMPLEMENTATIONS["fa_gen_sm90_wide"] = b.fa_gen_sm90_patched(without_keys_on_n)
+b.IMPLEMENTATIONS["fa_gen_sm90_wide"] = b.fa_gen_sm90_tiles(
+    lambda dims, cfgs: [c for c in cfgs if not c.keys_on_n])
 b.main()

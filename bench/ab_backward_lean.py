@@ -10,24 +10,15 @@ import dataclasses
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_backward_sm90 as b  # noqa: E402
-from fa_gen.families import sm90_backward as sb  # noqa: E402
-
-ALT = {dims: [dataclasses.replace(c, lean=not c.lean) for c in cfgs]
-       for dims, cfgs in sb._TILES.items() if not cfgs[0].wide}
 
 
-def flip_lean():
-    saved = dict(sb._TILES)
-    sb._TILES.update(ALT)
-
-    def undo():
-        sb._TILES.clear()
-        sb._TILES.update(saved)
-    return undo
+def flip_lean(dims, cfgs):
+    if cfgs[0].wide:
+        return cfgs
+    return [dataclasses.replace(c, lean=not c.lean) for c in cfgs]
 
 
-b.IMPLEMENTATIONS["fa_gen_sm90_alt"] = b.fa_gen_sm90_patched(flip_lean)
+b.IMPLEMENTATIONS["fa_gen_sm90_alt"] = b.fa_gen_sm90_tiles(flip_lean)
 b.main()

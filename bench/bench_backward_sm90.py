@@ -117,6 +117,22 @@ def fa_gen_sm90_variant(overrides: dict):
     return fa_gen_sm90_patched(patch)
 
 
+def fa_gen_sm90_tiles(transform):
+    """The sm90 backward with its tile lists replaced by `transform(dims, configs)` for every
+    (qk, v) head-dim pair of fa_gen.families.sm90_backward._TILES."""
+    def patch():
+        from fa_gen.families import sm90_backward
+
+        saved = dict(sm90_backward._TILES)
+        sm90_backward._TILES.update({dims: transform(dims, cfgs) for dims, cfgs in saved.items()})
+
+        def undo():
+            sm90_backward._TILES.clear()
+            sm90_backward._TILES.update(saved)
+        return undo
+    return fa_gen_sm90_patched(patch)
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     """'name:key=value,key=value' (values are Python literals) -> (name, overrides)."""
     import ast
