@@ -182,10 +182,10 @@ def kind_context(spec: Spec, arch: str) -> dict:
         # Per-row LSE and D read from shared memory before the step's GEMMs are issued rather
         # than after them, where their loads queue behind the wgmmas' operand reads (ncu, d128:
         # the first exp2 waited on LSE for 11% of all stall samples). H200 A/Bs: both early,
-        # 1-4% faster in the wide layout (2026-11-21-edd8f38-sm90-bwd.json, variant late_stats);
-        # in the narrow one LSE early and D late, 4-7% faster at d96 and within noise at d128
-        # (both early there: up to 3% slower), the lean d64 0-2% slower
-        # (2026-11-21-fcb1c34-stats-sm90-bwd.json, variants lse and both).
+        # 1-4% faster in the wide layout (2026-11-21-edd8f38-sm90-bwd.json, variant late_stats).
+        # Narrow layout: LSE early and D late, d96 4-9% faster, d128 6-10% at 16k and within
+        # noise at 4k; D early too was no better; the lean d64 0-2% slower, so late there
+        # (2026-11-21-fcb1c34-stats-sm90-bwd.json, 2026-11-21-0c39e86-latelse-sm90-bwd.json).
         "bwd_early_lse": not cfg.lean,
         "bwd_early_dpsum": cfg.wide,
         "bwd_prepare_lanes": _prepare_lanes(spec.head_dim_v),
