@@ -739,7 +739,8 @@ class FlashAttentionBackward:
         ops.tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(smem.sdS))
         ops.tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(swap_modes(smem.sK, [1, 0])))
         ops.acc_shape_dQ = thr_dq.partition_shape_C((TILE_M, HEAD_DIM_QK))
-        # dS^T leaves registers transposed (stmatrix.trans) into sdS, a (tile_m, tile_n) tile.
+        # Scores leave registers through stmatrix into (tile_m, tile_n) tiles: as they are when
+        # keys are on N (P and dS), transposed otherwise (the thread holds P^T and dS^T).
         store_dS = cute.make_tiled_copy_C(
             cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), DTYPE), mma_sdp
         ).get_slice(tidx)
