@@ -173,7 +173,16 @@ def _backward(ctx, dout, dlse):
                                                                  ctx.deterministic, tensors, ctx.scalars)
     input_grads = _input_gradients(ctx.spec_key, ctx.needs_input_grad[5], tensors, ctx.scalars, out, dout, lse,
                                    k.shape[1])
-    return dq, dk, dv, None, None, input_grads, [None] * len(ctx.scalars)
+    return dq, dk, dv, None, None, input_grads, no_gradient(ctx.scalars)
+
+
+def no_gradient(value):
+    """The "no gradient" of one op argument, in the structure torch.library's autograd expects
+    back: a list of tensors (an empty list too) takes a list of as many Nones, anything else
+    (a number, a string, a list of numbers) a single None."""
+    if isinstance(value, list) and all(isinstance(t, torch.Tensor) for t in value):
+        return [None] * len(value)
+    return None
 
 
 def _input_gradients(key: str, needs_grad, tensors, scalars, out, dout, lse, seqlen_k) -> list:
