@@ -10,6 +10,8 @@ and the effect of D using the rounded O (for a sink logit's gradient too).
 
 from __future__ import annotations
 
+import concurrent.futures as futures
+import multiprocessing
 import os
 
 import pytest
@@ -85,6 +87,30 @@ def check_user_path(spec, shape: Shape, seed: int, compiled: bool, inputs=None):
             failures.append(f"{name}: err {err:.2e} > tol {tol:.2e} (shape {tuple(g.shape)}, "
                             f"finite {bool(torch.isfinite(g).all())})")
     return failures
+
+
+def _build_all(spec, arch):
+    """The forward kernels fa_gen.attention may pick (variants too) and the backward, into the cache."""
+    from fa_gen.backward import build_backward
+    from fa_gen.runtime import build
+
+    build(spec, arch).load_variants()
+    build_backward(spec, arch)
+    return spec.name
+
+
+@pytest.fixture(scope="module", autouse=True)
+def precompiled():
+    """Every shipped spec's kernels compiled in parallel processes first (FA_GEN_PRECOMPILE_JOBS > 1)."""
+    from fa_gen.runtime import current_arch
+
+    arch = current_arch()
+    specs = [s for s in SPECS.values() if arch in s.archs]
+    jobs = int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0"))
+    if jobs > 1:
+        context = multiprocessing.get_context("spawn")  # no inherited CUDA or DSL state
+        with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            list(pool.map(_build_all, specs, [arch] * len(specs)))
 
 
 def _served(spec) -> bool:
