@@ -26,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .errors import InputError, UnsupportedError
-from .spec import Spec
+from .spec import Spec, spec_by_key
 
 _SPECS: dict[str, Spec] = {}
 # What callers passed (Spec, name, path) -> key: attention() costs a dict lookup, not a YAML parse.
@@ -34,19 +34,20 @@ _KEYS: dict[object, str] = {}
 
 
 def register_spec(spec: Spec) -> str:
-    """Make `spec` reachable by the custom ops; returns its key (canonical JSON)."""
-    key = spec.canonical_json()
+    """Make `spec` reachable by the custom ops; returns its key (canonical JSON). Every Spec
+    constructed in this process already is (fa_gen.spec.spec_by_key); this keeps it alive."""
+    key = spec.canonical
     _SPECS.setdefault(key, spec)
     return key
 
 
 def spec_from_key(key: str) -> Spec:
-    try:
-        return _SPECS[key]
-    except KeyError:
+    spec = _SPECS.get(key) or spec_by_key(key)
+    if spec is None:
         raise InputError(f"fa_gen custom op: no spec registered under key {key[:120]!r}; call "
                          "fa_gen.autograd.register_spec(spec) in this process first "
-                         "(fa_gen.attention does it for you)") from None
+                         "(fa_gen.attention does it for you)")
+    return spec
 
 
 @torch.compiler.assume_constant_result
@@ -239,7 +240,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
     inputs: name -> tensor or number for the spec's declared inputs. Float tensors read by the
     sink expression alone may require grad (they get one); any other that does is an error.
     """
-    key = spec_key(spec)
+    # A Spec's key is a field read (a constant under torch.compile); passing the Spec object to
+    # spec_key would make torch.compile reconstruct it, which torch 2.11 cannot do.
+    key = spec.canonical if isinstance(spec, Spec) else spec_key(spec)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     declared = spec_from_key(key)

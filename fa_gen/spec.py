@@ -52,6 +52,16 @@ class Alignment(str, Enum):
 _SET_ONLY = ("mask_expr", "score_mod_expr", "sink_expr", "inputs")
 
 
+# Every Spec made in this process, by its canonical JSON: the custom ops carry that string (an op
+# schema holds no Python objects) and find the Spec again here, also while torch.compile traces.
+_BY_KEY: dict[str, "Spec"] = {}
+
+
+def spec_by_key(key: str) -> "Spec | None":
+    """The Spec of this process whose canonical JSON is `key`, or None."""
+    return _BY_KEY.get(key)
+
+
 @dataclass(frozen=True)
 class Spec:
     """One attention variant. Construct through `spec_load.load_spec` or `Spec.create`.
@@ -87,6 +97,19 @@ class Spec:
     inputs: tuple[InputDecl, ...] = ()
     # Where the spec came from: for messages only, never part of identity.
     source: str | None = field(default=None, compare=False, repr=False)
+    # The canonical JSON (identity, cache keys, the custom ops' spec_key), made once at
+    # construction: a plain field, so torch.compile reads it as a constant string.
+    canonical: str = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        object.__setattr__(self, "canonical", text)
+        _BY_KEY.setdefault(text, self)
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickled (a worker process's copy): reachable by its key there too.
+        self.__dict__.update(state)
+        _BY_KEY.setdefault(self.canonical, self)
 
     @property
     def is_masked(self) -> bool:
@@ -125,7 +148,7 @@ class Spec:
         """Canonical, JSON-ready form: named fields only, enums as their values."""
         out = {"spec_version": SPEC_VERSION}
         for f in dataclasses.fields(self):
-            if f.name == "source" or f.name in _SET_ONLY and getattr(self, f.name) == f.default:
+            if f.name in ("source", "canonical") or f.name in _SET_ONLY and getattr(self, f.name) == f.default:
                 continue
             value = getattr(self, f.name)
             if f.name == "inputs":
@@ -140,13 +163,7 @@ class Spec:
         return out
 
     def canonical_json(self) -> str:
-        # Memoised (a frozen spec's JSON never changes): per-call paths compare it (a plan's
-        # check_call, the custom op's spec lookup), and making it costs ~20 us.
-        text = self.__dict__.get("_canonical_json")
-        if text is None:
-            text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-            object.__setattr__(self, "_canonical_json", text)
-        return text
+        return self.canonical
 
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()

@@ -147,3 +147,31 @@ def test_every_fa_gen_op_fake_matches_its_schema(name):
         result = result if isinstance(result, tuple) else (result,)
         assert len(result) == len(schema.returns), op_name
         assert all(isinstance(r, torch.Tensor) and r.device.type == "meta" for r in result), op_name
+
+
+def test_a_spec_object_reaches_the_op_as_its_key(monkeypatch):
+    """fa_gen.attention with a Spec never hands the Spec to an assume_constant_result function:
+    torch.compile (2.11) cannot rebuild a frozen dataclass as a constant and failed every
+    compiled call given a Spec (found on the H200 with this suite's compiled user path)."""
+    def refuse(spec):
+        assert not isinstance(spec, fa_gen.Spec), "spec_key got a Spec object"
+        return original(spec)
+
+    original = autograd.spec_key
+    monkeypatch.setattr(autograd, "spec_key", refuse)
+    spec = SPECS["softcap"]
+    q, k, v, inputs = _meta_call(spec)
+    out, _ = fa_gen.attention(q, k, v, spec, inputs=inputs)
+    out.float().sum().backward()
+    assert q.grad.shape == q.shape
+
+
+def test_specs_are_reachable_by_key_also_after_pickling():
+    import pickle
+
+    from fa_gen import spec as spec_module
+
+    spec = SPECS["chunked_causal"]
+    spec_module._BY_KEY.pop(spec.canonical)
+    copy = pickle.loads(pickle.dumps(spec))
+    assert autograd.spec_from_key(spec.canonical) == spec == copy
