@@ -157,10 +157,10 @@ def test_a_spec_object_reaches_the_op_as_its_key(monkeypatch):
         assert not isinstance(spec, fa_gen.Spec), "spec_key got a Spec object"
         return original(spec)
 
-    original = autograd.spec_key
-    monkeypatch.setattr(autograd, "spec_key", refuse)
     spec = SPECS["softcap"]
     q, k, v, inputs = _meta_call(spec)
+    original = autograd.spec_key
+    monkeypatch.setattr(autograd, "spec_key", refuse)
     out, _ = fa_gen.attention(q, k, v, spec, inputs=inputs)
     out.float().sum().backward()
     assert q.grad.shape == q.shape
