@@ -44,7 +44,7 @@ def render(spec: Spec, arch: str, family_name: str | None = None, kind: str = "f
     """Render the `kind` kernel of `spec` for `arch` with the family that serves it
     (or with the family named `family_name`)."""
     family = archs_mod.family_for(spec, arch, family_name)
-    files = family.kernel_files(spec)
+    files = {**family.kernel_files(spec), **family.call_kinds(spec)}
     if kind not in files:
         raise UnsupportedError(f"{kind} kernel of spec {spec.name!r} on {arch}",
                                          [f"family {family.name} renders only {', '.join(files)}"])

@@ -27,6 +27,11 @@ class Family:
                  if spec is None or not self.kind_reasons(spec, kind)}
         return {"forward": (self.forward_template, self.forward_filename), **extra}
 
+    def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
+        """Kernels the runtime picks per call (varlen, split-KV, ...), rendered on first use
+        and not written to generated/: kind -> (template, rendered filename)."""
+        return {}
+
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
         """Why this family renders no `kind` kernel (one of extra_kernels) for `spec`, which it
         otherwise serves (a head dim its backward cannot fit, say); empty when it does."""

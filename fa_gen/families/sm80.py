@@ -14,6 +14,10 @@ from .base import Family, dtype_and_head_dim_reasons
 from .warp_tiles import smem_atom_cols, tile_reasons
 from .expressions import backward_expression_context, expression_context
 
+# Forward kinds for inference calls: kind -> (varlen, split-KV).
+INFERENCE_KINDS = {"forward_varlen": (True, False), "forward_split": (False, True),
+                   "forward_varlen_split": (True, True)}
+
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 
 # Registers per SM on every arch this family serves, and what one thread may hold.
@@ -97,7 +101,21 @@ class Sm80Family(Family):
     # Score mods, mask expressions and sink logits, in the forward and the backward.
     supports_expressions = True
 
+    def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
+        """Varlen and split-KV forwards (templates/common/seqlen.j2, splitkv.j2); not yet for
+        mask expressions (their key tiles are listed per call from fixed shapes) or sink
+        logits (a split would count the sink once per split)."""
+        if spec.mask_expr is not None or spec.sink_expr is not None:
+            return {}
+        return {kind: (self.forward_template, f"{kind}.py") for kind in INFERENCE_KINDS}
+
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
+        if kind in INFERENCE_KINDS:
+            varlen, split = INFERENCE_KINDS[kind]
+            context = {"varlen": varlen, "split": split}
+            if split:
+                context["tile"] = asdict(split_tile_config(spec, arch))
+            return context
         if kind != "backward":
             return {}
         cfg = backward_tile_config(spec, arch)
@@ -137,7 +155,20 @@ class Sm80Family(Family):
             "reverse_m_blocks": _causal_like(spec),
             # None unless the spec has expressions (then: their emitted code and extra arguments).
             "expr": expression_context(spec),
+            # Call features (kind_context sets them for the inference kinds).
+            "varlen": False,
+            "split": False,
         }
+
+
+def split_tile_config(spec: Spec, arch: str) -> TileConfig:
+    """Tiles of the split-KV forward, made for few query rows (decode) against many keys: 64 rows
+    over 4 warps (a 128-row tile would multiply the wasted MMA work of one query by 2), long key
+    tiles where the accumulators allow; falls back to the forward's tiles when neither fits."""
+    for cfg in (TileConfig(64, 128, 4, 2), TileConfig(64, 64, 4, 2)):
+        if not _tile_reasons(cfg, spec, arch):
+            return cfg
+    return tile_config(spec, arch)
 
 
 def _causal_like(spec: Spec) -> bool:

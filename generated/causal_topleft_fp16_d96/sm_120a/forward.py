@@ -120,7 +120,7 @@ class FlashAttentionForward:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
-        stream: cuda.CUstream,
+                        stream: cuda.CUstream,
     ):
         """mQ/mO (b, seqlen_q, heads_q, d), mK/mV (b, seqlen_k, heads_kv, d), mLSE (b, heads_q, seqlen_q)."""
         # (tile_m, head_dim_qk), swizzled: cp.async writes and ldmatrix reads are conflict-free.
@@ -158,7 +158,7 @@ class FlashAttentionForward:
             mV,
             mO,
             mLSE,
-            sQ_layout,
+                                    sQ_layout,
             sK_layout,
             sV_layout,
             sO_layout,
@@ -193,7 +193,7 @@ class FlashAttentionForward:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
-        sQ_layout: cute.ComposedLayout,
+                        sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
@@ -209,6 +209,9 @@ class FlashAttentionForward:
         m_block = cute.arch.grid_dim()[0] - 1 - m_block
         seqlen_q = mQ.shape[1]
         seqlen_k = mK.shape[1]
+        offset_q = batch * seqlen_q
+        offset_k = batch * seqlen_k
+
         # GQA/MQA: consecutive query heads share one K/V head.
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         key_offset = Int32(0)
@@ -235,12 +238,14 @@ class FlashAttentionForward:
         sK = storage.sK.get_tensor(sK_layout)
         sV = storage.sV.get_tensor(sV_layout)
         ops = self.partition(
-            mQ, mK, mV, sQ, sK, sV, gmem_copy_QK, gmem_copy_V, tiled_mma, tidx, m_block, head, head_kv, batch
+            mQ, mK, mV, sQ, sK, sV, gmem_copy_QK, gmem_copy_V, tiled_mma, tidx, m_block, head, head_kv, batch,
+            offset_q, offset_k,
         )
         ops.seqlen_q = seqlen_q
         ops.seqlen_k = seqlen_k
         ops.key_offset = key_offset
         ops.m_block = m_block
+        ops.offset_q = offset_q
 
         # (MMA, MMA_M, MMA_N) fp32 output accumulator, and the running softmax state per row.
         acc_O = cute.make_rmem_tensor(ops.thr_mma.partition_shape_C((TILE_M, HEAD_DIM_V)), Float32)
@@ -260,7 +265,8 @@ class FlashAttentionForward:
 
     @cute.jit
     def partition(
-        self, mQ, mK, mV, sQ, sK, sV, gmem_copy_QK, gmem_copy_V, tiled_mma, tidx, m_block, head, head_kv, batch
+        self, mQ, mK, mV, sQ, sK, sV, gmem_copy_QK, gmem_copy_V, tiled_mma, tidx, m_block, head, head_kv, batch,
+        offset_q, offset_k,
     ) -> Operands:
         """Slice this CTA's tiles out of global memory and partition every tile for this thread."""
         ops = Operands()
@@ -504,7 +510,7 @@ class FlashAttentionForward:
             lse[r] = -Float32.inf if empty else row_max[r] * SOFTMAX_SCALE + cute.math.log(total, fastmath=True)
             for c in cutlass.range_constexpr(cute.size(acc_O_mn.shape[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv_total
-        self.store_lse(ops, lse, mLSE, tiled_mma, tidx, m_block, head, batch)
+        self.store_lse(ops, lse, mLSE[batch, head, None], tiled_mma, tidx, m_block)
 
         # (MMA, MMA_M, MMA_N) in the output dtype
         rO = cute.make_fragment_like(ops.acc_O, DTYPE)
@@ -533,12 +539,11 @@ class FlashAttentionForward:
                 cute.copy(gmem_copy_O, tOrO[None, m, None], tOgO[None, m, None])
 
     @cute.jit
-    def store_lse(self, ops: Operands, lse, mLSE, tiled_mma, tidx, m_block, head, batch):
-        """The thread holding column 0 of a row writes that row's LSE, if the row exists."""
+    def store_lse(self, ops: Operands, lse, mLSE_row, tiled_mma, tidx, m_block):
+        """The thread holding column 0 of a row writes that row's LSE into `mLSE_row` (seqlen_q),
+        if the row exists."""
         cO = cute.make_identity_tensor((TILE_M, HEAD_DIM_V))
         tOcO = rows_cols_view(tiled_mma.get_slice(tidx).partition_C(cO))
-        # (seqlen_q)
-        mLSE_row = mLSE[batch, head, None]
         if tOcO[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
                 row = m_block * TILE_M + tOcO[r, 0][0]
@@ -560,4 +565,7 @@ def compile_arguments():
     v = bshd(seqlen_k, heads_kv, HEAD_DIM_V)
     o = bshd(seqlen_q, heads_q, HEAD_DIM_V)
     lse = make_fake_compact_tensor(Float32, (batch, heads_q, seqlen_q), stride_order=(2, 1, 0), assumed_align=4)
-    return q, k, v, o, lse, make_fake_stream(use_tvm_ffi_env_stream=True)
+    sequences = ()
+    partials = ()
+    inputs = ()
+    return q, k, v, o, lse, *sequences, *partials, *inputs, make_fake_stream(use_tvm_ffi_env_stream=True)

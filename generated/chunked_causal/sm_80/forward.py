@@ -120,7 +120,7 @@ class FlashAttentionForward:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
-        x_chunk: Int32,
+                        x_chunk: Int32,
         mTileList: cute.Tensor,
         mTileOrder: cute.Tensor,
         uneven_rows: Int32,
@@ -162,7 +162,7 @@ class FlashAttentionForward:
             mV,
             mO,
             mLSE,
-            x_chunk,
+                                    x_chunk,
             mTileList,
             mTileOrder,
             uneven_rows,
@@ -201,7 +201,7 @@ class FlashAttentionForward:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
-        x_chunk: Int32,
+                        x_chunk: Int32,
         mTileList: cute.Tensor,
         mTileOrder: cute.Tensor,
         uneven_rows: Int32,
@@ -227,6 +227,9 @@ class FlashAttentionForward:
         head = bh - batch * heads_q
         seqlen_q = mQ.shape[1]
         seqlen_k = mK.shape[1]
+        offset_q = batch * seqlen_q
+        offset_k = batch * seqlen_k
+
         # GQA/MQA: consecutive query heads share one K/V head.
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         key_offset = seqlen_k - seqlen_q
@@ -253,12 +256,14 @@ class FlashAttentionForward:
         sK = storage.sK.get_tensor(sK_layout)
         sV = storage.sV.get_tensor(sV_layout)
         ops = self.partition(
-            mQ, mK, mV, sQ, sK, sV, gmem_copy_QK, gmem_copy_V, tiled_mma, tidx, m_block, head, head_kv, batch
+            mQ, mK, mV, sQ, sK, sV, gmem_copy_QK, gmem_copy_V, tiled_mma, tidx, m_block, head, head_kv, batch,
+            offset_q, offset_k,
         )
         ops.seqlen_q = seqlen_q
         ops.seqlen_k = seqlen_k
         ops.key_offset = key_offset
         ops.m_block = m_block
+        ops.offset_q = offset_q
         # What the spec's expressions read.
         ops.batch = batch
         ops.head = head
@@ -283,7 +288,8 @@ class FlashAttentionForward:
 
     @cute.jit
     def partition(
-        self, mQ, mK, mV, sQ, sK, sV, gmem_copy_QK, gmem_copy_V, tiled_mma, tidx, m_block, head, head_kv, batch
+        self, mQ, mK, mV, sQ, sK, sV, gmem_copy_QK, gmem_copy_V, tiled_mma, tidx, m_block, head, head_kv, batch,
+        offset_q, offset_k,
     ) -> Operands:
         """Slice this CTA's tiles out of global memory and partition every tile for this thread."""
         ops = Operands()
@@ -515,7 +521,7 @@ class FlashAttentionForward:
             lse[r] = -Float32.inf if empty else row_max[r] * SOFTMAX_SCALE + cute.math.log(total, fastmath=True)
             for c in cutlass.range_constexpr(cute.size(acc_O_mn.shape[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv_total
-        self.store_lse(ops, lse, mLSE, tiled_mma, tidx, m_block, head, batch)
+        self.store_lse(ops, lse, mLSE[batch, head, None], tiled_mma, tidx, m_block)
 
         # (MMA, MMA_M, MMA_N) in the output dtype
         rO = cute.make_fragment_like(ops.acc_O, DTYPE)
@@ -544,12 +550,11 @@ class FlashAttentionForward:
                 cute.copy(gmem_copy_O, tOrO[None, m, None], tOgO[None, m, None])
 
     @cute.jit
-    def store_lse(self, ops: Operands, lse, mLSE, tiled_mma, tidx, m_block, head, batch):
-        """The thread holding column 0 of a row writes that row's LSE, if the row exists."""
+    def store_lse(self, ops: Operands, lse, mLSE_row, tiled_mma, tidx, m_block):
+        """The thread holding column 0 of a row writes that row's LSE into `mLSE_row` (seqlen_q),
+        if the row exists."""
         cO = cute.make_identity_tensor((TILE_M, HEAD_DIM_V))
         tOcO = rows_cols_view(tiled_mma.get_slice(tidx).partition_C(cO))
-        # (seqlen_q)
-        mLSE_row = mLSE[batch, head, None]
         if tOcO[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
                 row = m_block * TILE_M + tOcO[r, 0][0]
@@ -571,6 +576,8 @@ def compile_arguments():
     v = bshd(seqlen_k, heads_kv, HEAD_DIM_V)
     o = bshd(seqlen_q, heads_q, HEAD_DIM_V)
     lse = make_fake_compact_tensor(Float32, (batch, heads_q, seqlen_q), stride_order=(2, 1, 0), assumed_align=4)
+    sequences = ()
+    partials = ()
     inputs = (
         Int32(0),
         # (batch or 1, heads_q or 1, query tiles, 2 + key tiles + 2): the key tiles each query tile visits.
@@ -580,4 +587,4 @@ def compile_arguments():
         # 1 when the query tiles' key-tile counts spread widely (fa_gen.plan.uneven_rows).
         Int32(0),
 )
-    return q, k, v, o, lse, *inputs, make_fake_stream(use_tvm_ffi_env_stream=True)
+    return q, k, v, o, lse, *sequences, *partials, *inputs, make_fake_stream(use_tvm_ffi_env_stream=True)
