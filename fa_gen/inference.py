@@ -1,0 +1,226 @@
+"""Inference-shaped forward calls: variable-length (packed) batches and split-KV.
+
+    out, lse = forward_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    out, lse = forward_split(spec, q, k, v)          # fixed lengths, keys split across CTAs
+
+Varlen: q (total_q, heads_q, d), k/v (total_k, heads_kv, d), sequence b is rows
+[cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and the same of k/v with cu_seqlens_k, of which
+the first seqused_k[b] keys are used when seqused_k is given; out (total_q, heads_q, d_v), lse
+(heads_q, total_q). Batch composition is a runtime value: one compiled kernel serves every set
+of lengths, and nothing here reads a device tensor on the host (no sync on the call path);
+`max_seqlen_q` (a host int, as FlashAttention takes it) sizes the grid.
+
+Split-KV: when the query tiles cannot fill the GPU (decode: one query row against a long KV),
+each tile's key range is divided among `num_splits` CTAs writing fp32 partial outputs and LSEs
+(templates/common/splitkv.j2), merged by LSE in the combine kernel (fa_gen.combine). The merge
+reads the splits in a fixed order: deterministic by construction.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import archs
+from .errors import InputError, UnsupportedError
+from .plan import bind_arguments
+from .runtime import _check_strides, _TORCH_DTYPES, current_arch, load_kernel_function
+from .spec import Spec
+
+# Most splits one call uses (each writes rows * heads * d_v fp32 partials).
+MAX_SPLITS = 128
+# Resident CTAs per SM a split grid aims for (the forward tiles of this kind fit two on an H200).
+CTAS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class InferenceKernel:
+    """The compiled forward of one (spec, arch, family, kind), with that kind's tiles."""
+
+    spec: Spec
+    arch: str
+    family: str
+    kind: str
+    function: object
+    tile_m: int
+    tile_n: int
+
+
+@functools.lru_cache(maxsize=None)
+def inference_kernel(spec: Spec, arch: str, kind: str) -> InferenceKernel:
+    """Render, compile (or load) the `kind` forward of the first family that renders it."""
+    family = _family_for_kind(spec, arch, kind)
+    function, info = load_kernel_function(spec, arch, family.name, kind=kind)
+    tile = family.kind_context(spec, arch, kind).get("tile") or family.render_context(spec, arch)["tile"]
+    return InferenceKernel(spec, arch, family.name, kind, function, tile["tile_m"], tile["tile_n"])
+
+
+def _family_for_kind(spec: Spec, arch: str, kind: str):
+    from .families import REGISTRY
+
+    reasons = []
+    for family in REGISTRY:
+        problems = family.can_implement(spec, arch)
+        if not problems and kind in family.call_kinds(spec):
+            return family
+        reasons.extend(f"{family.name}: {p}" for p in problems or [f"renders no {kind} kernel for this spec"])
+    raise UnsupportedError(f"{kind} of spec {spec.name!r} on {arch}", reasons)
+
+
+def num_splits_for(tiles: int, key_tiles: int, num_sms: int) -> int:
+    """Splits of each query tile's keys: enough CTAs for CTAS_PER_SM per SM, at least two key
+    tiles per split, at most MAX_SPLITS; 1 when the tiles alone fill the GPU."""
+    if tiles >= num_sms:
+        return 1
+    wanted = math.ceil(CTAS_PER_SM * num_sms / max(tiles, 1))
+    return max(1, min(wanted, key_tiles // 2, MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_splits: int | None = None,
+                  inputs=None, arch: str | None = None):
+    """(out, lse) of fixed-length q (b, sq, hq, d), k/v (b, sk, hkv, d) with the keys of each query
+    tile split across `num_splits` CTAs (None: chosen from the shapes and the SM count)."""
+    _check_fixed(spec, q, k, v)
+    arch = arch or current_arch()
+    kern = inference_kernel(spec, arch, "forward_split")
+    batch, seqlen_q, heads_q, _ = q.shape
+    tiles = -(-seqlen_q // kern.tile_m) * heads_q * batch
+    splits = num_splits or num_splits_for(tiles, -(-k.shape[1] // kern.tile_n), _num_sms(q.device.index or 0))
+    _, extra = bind_arguments(spec, q, k, inputs)
+    rows = batch * seqlen_q
+    out = torch.empty((batch, seqlen_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
+    lse_hr = torch.empty((heads_q, rows), dtype=torch.float32, device=q.device)
+    lse = lse_hr.view(heads_q, batch, seqlen_q).permute(1, 0, 2)
+    o_partial, lse_partial = _partials(splits, rows, heads_q, spec.head_dim_v, q.device)
+    if rows:
+        kern.function(q, k, v, out, lse, o_partial, lse_partial, splits, *extra)
+        _combine()(o_partial, lse_partial, out.view(rows, heads_q, spec.head_dim_v), lse_hr)
+    return out, lse.contiguous()
+
+
+def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                   seqused_k: torch.Tensor | None = None, num_splits: int | None = None, inputs=None,
+                   arch: str | None = None):
+    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring."""
+    _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    arch = arch or current_arch()
+    batch = cu_seqlens_q.shape[0] - 1
+    heads_q, total_q = q.shape[1], q.shape[0]
+    kern = inference_kernel(spec, arch, "forward_varlen")
+    tiles = -(-max_seqlen_q // kern.tile_m) * heads_q * batch
+    splits = num_splits or num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(q.device.index or 0))
+    extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
+    out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
+    used = seqused_k if seqused_k is not None else cu_seqlens_k
+    sequences = (cu_seqlens_q, cu_seqlens_k, used, int(seqused_k is not None), max(int(max_seqlen_q), 1))
+    if total_q == 0 or batch == 0:
+        return out, lse.fill_(-math.inf)
+    if splits == 1:
+        kern.function(q, k, v, out, lse, *sequences, *extra)
+        return out, lse
+    split_kern = inference_kernel(spec, arch, "forward_varlen_split")
+    o_partial, lse_partial = _partials(splits, total_q, heads_q, spec.head_dim_v, q.device)
+    split_kern.function(q, k, v, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
+    _combine()(o_partial, lse_partial, out, lse)
+    return out, lse
+
+
+def _combine():
+    # The combine kernel (fa_gen.combine, on branch wip/combine until it lands).
+    from .combine import combine_splits
+
+    return combine_splits
+
+
+def _partials(splits: int, rows: int, heads_q: int, head_dim_v: int, device):
+    o_partial = torch.empty((splits, rows, heads_q, head_dim_v), dtype=torch.float32, device=device)
+    lse_partial = torch.empty((splits, heads_q, rows), dtype=torch.float32, device=device)
+    return o_partial, lse_partial
+
+
+def _varlen_extra_arguments(spec: Spec, q: torch.Tensor, heads_q: int, inputs) -> list:
+    """The spec's inputs as kernel arguments; a varlen batch has no (batch, seqlen) grid, so
+    tensors shaped by batch or sequence lengths are refused."""
+    for decl in spec.inputs:
+        if not decl.is_scalar and {"batch", "seqlen_q", "seqlen_k"} & set(map(str, decl.shape)):
+            raise UnsupportedError(f"input {decl.name!r} of spec {spec.name!r} in a varlen call", [
+                f"its shape {list(decl.shape)} is indexed by batch or sequence lengths, which a packed batch "
+                "does not have; varlen takes tensors shaped by heads_q or constants"])
+    view = q.new_empty((1, 1, heads_q, q.shape[-1])) if q.shape[0] == 0 else q[:1].unsqueeze(0)
+    return bind_arguments(spec, view, view, inputs)[1]
+
+
+def _check_tensor(spec: Spec, name: str, t, dims: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != _TORCH_DTYPES[spec.dtype]:
+        raise InputError(f"{name} has dtype {t.dtype}; spec {spec.name!r} was built for {_TORCH_DTYPES[spec.dtype]}")
+    if t.dim() != dims:
+        raise InputError(f"{name} must be {dims}-D {layout}; got shape {tuple(t.shape)}")
+    _check_strides(name, t)
+
+
+def _check_heads(spec: Spec, q, k, v, head_axis: int) -> None:
+    hq, hk, hv = q.shape[head_axis], k.shape[head_axis], v.shape[head_axis]
+    if q.shape[-1] != spec.head_dim_qk or k.shape[-1] != spec.head_dim_qk or v.shape[-1] != spec.head_dim_v:
+        raise InputError(f"head dims must be q/k {spec.head_dim_qk}, v {spec.head_dim_v} (spec {spec.name!r}); "
+                         f"got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
+    if hk != hv or hk == 0 or hq % hk:
+        raise InputError(f"heads of q ({hq}) must be a multiple of heads of k/v ({hk}, {hv}) (GQA/MQA)")
+
+
+def _check_device(**tensors) -> None:
+    for name, t in tensors.items():
+        if not t.is_cuda:
+            raise InputError(f"{name} is on {t.device}; fa_gen kernels need CUDA tensors")
+    if len({t.device for t in tensors.values()}) > 1:
+        raise InputError("every tensor must be on one device; got " +
+                         ", ".join(f"{n} {t.device}" for n, t in tensors.items()))
+
+
+def _check_fixed(spec: Spec, q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(spec, name, t, 4, "(batch, seqlen, heads, head_dim)")
+    _check_heads(spec, q, k, v, 2)
+    if not q.shape[0] == k.shape[0] == v.shape[0] or k.shape[1] != v.shape[1]:
+        raise InputError(f"q, k, v must agree in batch (and k, v in seqlen): {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    _check_device(q=q, k=k, v=v)
+
+
+def _check_varlen(spec: Spec, q, k, v, cu_q, cu_k, used_k, max_seqlen_q, max_seqlen_k) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(spec, name, t, 3, "(total_tokens, heads, head_dim)")
+    _check_heads(spec, q, k, v, 1)
+    if k.shape[0] != v.shape[0]:
+        raise InputError(f"k and v must have the same number of tokens; got {k.shape[0]} and {v.shape[0]}")
+    cu = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, **({"seqused_k": used_k} if used_k is not None else {})}
+    for name, t in cu.items():
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
+            raise InputError(f"{name} must be a contiguous 1-D int32 tensor; got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+                             f"{' ' + str(t.dtype) if isinstance(t, torch.Tensor) else ''}")
+    if cu_q.shape[0] < 1 or cu_k.shape[0] != cu_q.shape[0]:
+        raise InputError(f"cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 1 entries; got "
+                         f"{cu_q.shape[0]} and {cu_k.shape[0]}")
+    if used_k is not None and used_k.shape[0] != cu_q.shape[0] - 1:
+        raise InputError(f"seqused_k must have one entry per sequence ({cu_q.shape[0] - 1}); got {used_k.shape[0]}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{name} must be an int >= 0 (the longest sequence); got {value!r}")
+    _check_device(q=q, k=k, v=v, **cu)
+
+
+def supports(spec: Spec, arch: str, kind: str) -> bool:
+    """Whether some family renders the `kind` forward of `spec` on `arch`."""
+    return any(not f.can_implement(spec, arch) and kind in f.call_kinds(spec) for f in archs._families())
