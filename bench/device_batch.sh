@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# What the device calls run, in two parts that each fit one call (10 minutes):
+# What the device calls run, in parts that each fit one call (10 minutes):
 #   bash bench/device_batch.sh COMMIT l1     build + check one spec, the whole L1 suite
 #                                             (kernels precompiled in parallel), load time, overhead
 #   bash bench/device_batch.sh COMMIT bench   the forward benchmark over every anchor (bf16 with
 #                                             FlexAttention, fp16 without), and the backward rows
+#   bash bench/device_batch.sh COMMIT decode  decode (seqlen_q = 1) GB/s and varlen-prefill TFLOP/s
+#                                             beside FA4, cuDNN and FA2 (bench/bench_decode.py)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1 or bench}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench or decode}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -17,6 +19,8 @@ if [[ $part == l1 ]]; then
   python -m pytest -m gpu -q -p no:cacheprovider --hypothesis-show-statistics "$@" 2>&1 | tee "$out/l1.log"
   python bench/load_time.py causal_bf16_d128 2>&1 | tee "$out/load.log"
   python bench/overhead.py 2>&1 | tee "$out/overhead.log"
+elif [[ $part == decode ]]; then
+  python bench/bench_decode.py --commit "$commit" --out "$out" --plot "$@" 2>&1 | tee "$out/bench_decode.log"
 else
   python bench/bench_forward.py --commit "$commit" --out "$out" --plot --dtypes bf16 "$@" 2>&1 | tee "$out/bench.log"
   python bench/bench_forward.py --commit "$commit-fp16" --out "$out" --dtypes fp16 --head-dims 64,128 \
