@@ -28,12 +28,13 @@ from . import archs
 from .errors import InputError, UnsupportedError
 from .plan import bind_arguments
 from .runtime import _check_strides, _TORCH_DTYPES, current_arch, load_kernel_function
+from .families.sm80 import GQA_PACKS
 from .spec import Spec
 
 # Most splits one call uses (each writes rows * heads * d_v fp32 partials).
 MAX_SPLITS = 128
-# Resident CTAs per SM a split grid aims for (the forward tiles of this kind fit two on an H200).
-CTAS_PER_SM = 2
+# Query rows of a split tile (fa_gen.families.sm80.split_tile_config): below it, pack GQA heads.
+SPLIT_TILE_M = 64
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class InferenceKernel:
     function: object
     tile_m: int
     tile_n: int
+    ctas_per_sm: int  # resident CTAs of this kernel per SM (what a split grid aims to fill)
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,8 +56,10 @@ def inference_kernel(spec: Spec, arch: str, kind: str) -> InferenceKernel:
     """Render, compile (or load) the `kind` forward of the first family that renders it."""
     family = _family_for_kind(spec, arch, kind)
     function, info = load_kernel_function(spec, arch, family.name, kind=kind)
-    tile = family.kind_context(spec, arch, kind).get("tile") or family.render_context(spec, arch)["tile"]
-    return InferenceKernel(spec, arch, family.name, kind, function, tile["tile_m"], tile["tile_n"])
+    context = family.kind_context(spec, arch, kind)
+    tile = context.get("tile") or family.render_context(spec, arch)["tile"]
+    return InferenceKernel(spec, arch, family.name, kind, function, tile["tile_m"], tile["tile_n"],
+                           context.get("ctas_per_sm", 1))
 
 
 def _family_for_kind(spec: Spec, arch: str, kind: str):
@@ -70,12 +74,12 @@ def _family_for_kind(spec: Spec, arch: str, kind: str):
     raise UnsupportedError(f"{kind} of spec {spec.name!r} on {arch}", reasons)
 
 
-def num_splits_for(tiles: int, key_tiles: int, num_sms: int) -> int:
-    """Splits of each query tile's keys: enough CTAs for CTAS_PER_SM per SM, at least two key
-    tiles per split, at most MAX_SPLITS; 1 when the tiles alone fill the GPU."""
-    if tiles >= num_sms:
+def num_splits_for(tiles: int, key_tiles: int, num_sms: int, ctas_per_sm: int = 1) -> int:
+    """Splits of each query tile's keys: enough CTAs to fill every SM with `ctas_per_sm`, at least
+    two key tiles per split, at most MAX_SPLITS; 1 when the tiles alone fill the GPU."""
+    if tiles >= num_sms * ctas_per_sm:
         return 1
-    wanted = math.ceil(CTAS_PER_SM * num_sms / max(tiles, 1))
+    wanted = math.ceil(ctas_per_sm * num_sms / max(tiles, 1))
     return max(1, min(wanted, key_tiles // 2, MAX_SPLITS))
 
 
@@ -85,15 +89,17 @@ def _num_sms(device_index: int) -> int:
 
 
 def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_splits: int | None = None,
-                  inputs=None, arch: str | None = None):
+                  inputs=None, arch: str | None = None, pack_gqa: bool | None = None):
     """(out, lse) of fixed-length q (b, sq, hq, d), k/v (b, sk, hkv, d) with the keys of each query
-    tile split across `num_splits` CTAs (None: chosen from the shapes and the SM count)."""
+    tile split across `num_splits` CTAs (None: chosen from the shapes and the SM count), the query
+    heads of a KV head packed into one tile's rows when `pack_gqa` (None: when seqlen_q is short)."""
     _check_fixed(spec, q, k, v)
     arch = arch or current_arch()
-    kern = inference_kernel(spec, arch, "forward_split")
     batch, seqlen_q, heads_q, _ = q.shape
-    tiles = -(-seqlen_q // kern.tile_m) * heads_q * batch
-    splits = num_splits or num_splits_for(tiles, -(-k.shape[1] // kern.tile_n), _num_sms(q.device.index or 0))
+    group = gqa_pack(spec, arch, "forward_split", heads_q // k.shape[2], seqlen_q, pack_gqa)
+    kern = inference_kernel(spec, arch, packed_kind("forward_split", group))
+    tiles = -(-seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
+    splits = num_splits or num_splits_for(tiles, -(-k.shape[1] // kern.tile_n), _num_sms(q.device.index or 0), kern.ctas_per_sm)
     _, extra = bind_arguments(spec, q, k, inputs)
     rows = batch * seqlen_q
     out = torch.empty((batch, seqlen_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
@@ -109,15 +115,16 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    seqused_k: torch.Tensor | None = None, num_splits: int | None = None, inputs=None,
-                   arch: str | None = None):
+                   arch: str | None = None, pack_gqa: bool | None = None):
     """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring."""
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     arch = arch or current_arch()
     batch = cu_seqlens_q.shape[0] - 1
     heads_q, total_q = q.shape[1], q.shape[0]
-    kern = inference_kernel(spec, arch, "forward_varlen")
-    tiles = -(-max_seqlen_q // kern.tile_m) * heads_q * batch
-    splits = num_splits or num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(q.device.index or 0))
+    group = gqa_pack(spec, arch, "forward_varlen_split", heads_q // k.shape[1], max_seqlen_q, pack_gqa)
+    kern = inference_kernel(spec, arch, "forward_varlen" if group == 1 else packed_kind("forward_varlen_split", group))
+    tiles = -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
+    splits = num_splits or num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(q.device.index or 0), kern.ctas_per_sm)
     extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
     out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
@@ -125,14 +132,32 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     sequences = (cu_seqlens_q, cu_seqlens_k, used, int(seqused_k is not None), max(int(max_seqlen_q), 1))
     if total_q == 0 or batch == 0:
         return out, lse.fill_(-math.inf)
-    if splits == 1:
+    if splits == 1 and group == 1:
         kern.function(q, k, v, out, lse, *sequences, *extra)
         return out, lse
-    split_kern = inference_kernel(spec, arch, "forward_varlen_split")
+    split_kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split", group))
     o_partial, lse_partial = _partials(splits, total_q, heads_q, spec.head_dim_v, q.device)
     split_kern.function(q, k, v, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
     _combine()(o_partial, lse_partial, out, lse)
     return out, lse
+
+
+def packed_kind(kind: str, group: int) -> str:
+    """The kind whose tiles pack `group` query heads per KV head (the kind itself for 1)."""
+    return kind if group == 1 else f"{kind}_pack{group}"
+
+
+def gqa_pack(spec: Spec, arch: str, kind: str, group: int, seqlen_q: int, wanted: bool | None) -> int:
+    """Query heads per tile row group: the GQA ratio when packing is on, else 1. None packs when
+    one head's rows leave a split tile (64 rows) mostly empty: then K/V are read once per group."""
+    possible = group > 1 and supports(spec, arch, packed_kind(kind, group))
+    if wanted is None:
+        wanted = possible and seqlen_q < SPLIT_TILE_M
+    if wanted and not possible:
+        raise UnsupportedError(f"pack_gqa=True for spec {spec.name!r}", [
+            f"{group} query heads per KV head: packing needs a ratio among {', '.join(map(str, GQA_PACKS))} "
+            "and a spec whose score mod reads neither h nor q_idx (mask and sink expressions: not yet)"])
+    return group if wanted else 1
 
 
 def _combine():
@@ -221,6 +246,7 @@ def _check_varlen(spec: Spec, q, k, v, cu_q, cu_k, used_k, max_seqlen_q, max_seq
     _check_device(q=q, k=k, v=v, **cu)
 
 
+@functools.lru_cache(maxsize=None)
 def supports(spec: Spec, arch: str, kind: str) -> bool:
     """Whether some family renders the `kind` forward of `spec` on `arch`."""
     return any(not f.can_implement(spec, arch) and kind in f.call_kinds(spec) for f in archs._families())

@@ -13,10 +13,15 @@ from ..spec import DType, Spec
 from .base import Family, dtype_and_head_dim_reasons
 from .warp_tiles import smem_atom_cols, tile_reasons
 from .expressions import backward_expression_context, expression_context
+from ..variant.tree import names_used
 
-# Forward kinds for inference calls: kind -> (varlen, split-KV).
-INFERENCE_KINDS = {"forward_varlen": (True, False), "forward_split": (False, True),
-                   "forward_varlen_split": (True, True)}
+# Forward kinds for inference calls: kind -> (varlen, split-KV, GQA pack). A packed kind puts
+# PACK query heads of one KV head on the tile's rows (PACK divides the split tile's 64 rows).
+GQA_PACKS = (2, 4, 8, 16, 32, 64)
+INFERENCE_KINDS = {"forward_varlen": (True, False, 1), "forward_split": (False, True, 1),
+                   "forward_varlen_split": (True, True, 1),
+                   **{f"forward_split_pack{g}": (False, True, g) for g in GQA_PACKS},
+                   **{f"forward_varlen_split_pack{g}": (True, True, g) for g in GQA_PACKS}}
 
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 
@@ -107,14 +112,20 @@ class Sm80Family(Family):
         logits (a split would count the sink once per split)."""
         if spec.mask_expr is not None or spec.sink_expr is not None:
             return {}
-        return {kind: (self.forward_template, f"{kind}.py") for kind in INFERENCE_KINDS}
+        packable = gqa_packable(spec)
+        return {kind: (self.forward_template, f"{kind}.py") for kind, (_, _, pack) in INFERENCE_KINDS.items()
+                if pack == 1 or packable}
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
         if kind in INFERENCE_KINDS:
-            varlen, split = INFERENCE_KINDS[kind]
-            context = {"varlen": varlen, "split": split}
+            varlen, split, pack = INFERENCE_KINDS[kind]
+            context = {"varlen": varlen, "split": split, "pack": pack}
             if split:
-                context["tile"] = asdict(split_tile_config(spec, arch))
+                cfg = split_tile_config(spec, arch)
+                smem = arch_info(arch).max_smem_per_block
+                context["tile"] = asdict(cfg)
+                # What the split count aims to fill (fa_gen.inference.num_splits_for).
+                context["ctas_per_sm"] = cfg.blocks_per_sm(spec.head_dim_qk, spec.head_dim_v, smem)
             return context
         if kind != "backward":
             return {}
@@ -158,6 +169,7 @@ class Sm80Family(Family):
             # Call features (kind_context sets them for the inference kinds).
             "varlen": False,
             "split": False,
+            "pack": 1,
         }
 
 
@@ -169,6 +181,14 @@ def split_tile_config(spec: Spec, arch: str) -> TileConfig:
         if not _tile_reasons(cfg, spec, arch):
             return cfg
     return tile_config(spec, arch)
+
+
+def gqa_packable(spec: Spec) -> bool:
+    """Whether query heads may share a tile's rows: no expression may tell them apart (a score
+    mod reading the head or the query position sees one value per packed row, not per head)."""
+    if spec.score_mod_tree is None:
+        return True
+    return not {"h", "q_idx"} & names_used(spec.score_mod_tree)
 
 
 def _causal_like(spec: Spec) -> bool:
