@@ -261,6 +261,16 @@ def fa_gen_raw(spec, q, k, v):
                       family=kernel.info.family)
 
 
+def fa_gen_split(spec, q, k, v):
+    """The inference path: split-KV with GQA packing, both chosen from the shapes."""
+    from fa_gen.inference import forward_split
+    from fa_gen.runtime import resolve_spec
+
+    resolved = resolve_spec(spec)
+    return _with_meta(lambda: forward_split(resolved, q, k, v),
+                      call=f"fa_gen.inference.forward_split({_spec_label(spec)!r}, q, k, v)")
+
+
 def _fa4_defaults(function) -> dict:
     """The defaults of FA4's options that decide decode performance, as this install has them."""
     parameters = inspect.signature(function).parameters
@@ -311,14 +321,15 @@ def sdpa(backend_name: str, q, k, v, causal: bool = False):
 DECODE_IMPLS = {
     "fa_gen_attention": lambda cell, q, k, v: fa_gen_attention(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v),
     "fa_gen_raw": lambda cell, q, k, v: fa_gen_raw(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v),
+    "fa_gen_split": lambda cell, q, k, v: fa_gen_split(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v),
     "fa4": lambda cell, q, k, v: fa4_decode(q, k, v),
     "sdpa_cudnn": lambda cell, q, k, v: sdpa("CUDNN_ATTENTION", q, k, v),
     "sdpa_flash": lambda cell, q, k, v: sdpa("FLASH_ATTENTION", q, k, v),
     # Not run by default: FA4 with its split-KV heuristic on (num_splits < 1), for comparison.
     "fa4_splits": lambda cell, q, k, v: fa4_decode(q, k, v, num_splits=0),
 }
-DECODE_DEFAULT = ("fa_gen_attention", "fa_gen_raw", "fa4", "sdpa_cudnn", "sdpa_flash")
-FA_GEN_PATHS = ("fa_gen_attention", "fa_gen_raw")
+DECODE_DEFAULT = ("fa_gen_attention", "fa_gen_raw", "fa_gen_split", "fa4", "sdpa_cudnn", "sdpa_flash")
+FA_GEN_PATHS = ("fa_gen_attention", "fa_gen_raw", "fa_gen_split")
 DECODE_ANCHORS = ("fa4", "fa4_splits", "sdpa_cudnn", "sdpa_flash")
 
 

@@ -38,7 +38,8 @@ def test_decode_cells():
     names = [c.name for c in bench.DECODE_CELLS]
     assert len(set(names)) == len(names)
     assert names[0] == "b64_sk8k_h32/8" and names[5] == "b64_sk8k_h32/8_d64" and names[6] == "b64_sk8k_h32/8_fp16"
-    assert set(bench.DECODE_DEFAULT) == {"fa_gen_attention", "fa_gen_raw", "fa4", "sdpa_cudnn", "sdpa_flash"}
+    assert set(bench.DECODE_DEFAULT) == {"fa_gen_attention", "fa_gen_raw", "fa_gen_split", "fa4", "sdpa_cudnn",
+                                         "sdpa_flash"}
     assert set(bench.DECODE_DEFAULT) <= set(bench.DECODE_IMPLS)
 
 
