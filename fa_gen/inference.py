@@ -33,6 +33,10 @@ from .spec import Spec
 
 # Most splits one call uses (each writes rows * heads * d_v fp32 partials).
 MAX_SPLITS = 128
+# Tiles that fill this share of the GPU's CTA slots take no split (FlashAttention-2's rule).
+FULL_GRID = 0.8
+# A split count whose last wave is filled within this factor of the best count's is good enough.
+WAVE_SLACK = 0.85
 # Query rows of a split tile (fa_gen.families.sm80.split_tile_config): below it, pack GQA heads.
 SPLIT_TILE_M = 64
 
@@ -75,12 +79,17 @@ def _family_for_kind(spec: Spec, arch: str, kind: str):
 
 
 def num_splits_for(tiles: int, key_tiles: int, num_sms: int, ctas_per_sm: int = 1) -> int:
-    """Splits of each query tile's keys: enough CTAs to fill every SM with `ctas_per_sm`, at least
-    two key tiles per split, at most MAX_SPLITS; 1 when the tiles alone fill the GPU."""
-    if tiles >= num_sms * ctas_per_sm:
+    """Splits of each query tile's keys: the fewest whose grid fills its last wave of CTAs
+    (`ctas_per_sm` per SM) within WAVE_SLACK of the best fill, at least two key tiles per split,
+    at most MAX_SPLITS; 1 when the tiles alone nearly fill the GPU. H200, decode (seqlen_q 1,
+    bf16, d 128, 64x64 tiles, 2 CTAs per SM): 5 splits of 64 tiles (1.2 waves) read 2.9 TB/s,
+    4 splits (0.97 of a wave) 4.3 TB/s."""
+    slots = num_sms * ctas_per_sm
+    if tiles >= FULL_GRID * slots:
         return 1
-    wanted = math.ceil(ctas_per_sm * num_sms / max(tiles, 1))
-    return max(1, min(wanted, key_tiles // 2, MAX_SPLITS))
+    most = max(1, min(key_tiles // 2, MAX_SPLITS))
+    fill = [tiles * s / (math.ceil(tiles * s / slots) * slots) for s in range(1, most + 1)]
+    return next(s for s, f in enumerate(fill, 1) if f >= WAVE_SLACK * max(fill))
 
 
 @functools.lru_cache(maxsize=8)
@@ -99,17 +108,22 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     group = gqa_pack(spec, arch, "forward_split", heads_q // k.shape[2], seqlen_q, pack_gqa)
     kern = inference_kernel(spec, arch, packed_kind("forward_split", group))
     tiles = -(-seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
-    splits = num_splits or num_splits_for(tiles, -(-k.shape[1] // kern.tile_n), _num_sms(q.device.index or 0), kern.ctas_per_sm)
+    splits = num_splits or num_splits_for(tiles, -(-k.shape[1] // kern.tile_n),
+                                          _num_sms(q.device.index or 0), kern.ctas_per_sm)
     _, extra = bind_arguments(spec, q, k, inputs)
     rows = batch * seqlen_q
     out = torch.empty((batch, seqlen_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
-    lse_hr = torch.empty((heads_q, rows), dtype=torch.float32, device=q.device)
-    lse = lse_hr.view(heads_q, batch, seqlen_q).permute(1, 0, 2)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    if rows == 0:
+        return out, lse
+    # One split writes out and lse itself; more write partials that the combine merges.
     o_partial, lse_partial = _partials(splits, rows, heads_q, spec.head_dim_v, q.device)
-    if rows:
-        kern.function(q, k, v, out, lse, o_partial, lse_partial, splits, *extra)
-        _combine()(o_partial, lse_partial, out.view(rows, heads_q, spec.head_dim_v), lse_hr)
-    return out, lse.contiguous()
+    kern.function(q, k, v, out, lse, o_partial, lse_partial, splits, *extra)
+    if splits == 1:
+        return out, lse
+    lse_rows = torch.empty((heads_q, rows), dtype=torch.float32, device=q.device)
+    _combine()(o_partial, lse_partial, out.view(rows, heads_q, spec.head_dim_v), lse_rows)
+    return out, lse.copy_(lse_rows.view(heads_q, batch, seqlen_q).permute(1, 0, 2))
 
 
 def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -124,7 +138,8 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     group = gqa_pack(spec, arch, "forward_varlen_split", heads_q // k.shape[1], max_seqlen_q, pack_gqa)
     kern = inference_kernel(spec, arch, "forward_varlen" if group == 1 else packed_kind("forward_varlen_split", group))
     tiles = -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
-    splits = num_splits or num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(q.device.index or 0), kern.ctas_per_sm)
+    splits = num_splits or num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n),
+                                          _num_sms(q.device.index or 0), kern.ctas_per_sm)
     extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
     out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
@@ -138,7 +153,8 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     split_kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split", group))
     o_partial, lse_partial = _partials(splits, total_q, heads_q, spec.head_dim_v, q.device)
     split_kern.function(q, k, v, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
-    _combine()(o_partial, lse_partial, out, lse)
+    if splits > 1:
+        _combine()(o_partial, lse_partial, out, lse)
     return out, lse
 
 
@@ -168,6 +184,9 @@ def _combine():
 
 
 def _partials(splits: int, rows: int, heads_q: int, head_dim_v: int, device):
+    if splits == 1:  # the kernel writes the final output: no partials (one-element placeholders)
+        return (torch.empty((1, 1, heads_q, head_dim_v), dtype=torch.float32, device=device),
+                torch.empty((1, heads_q, 1), dtype=torch.float32, device=device))
     o_partial = torch.empty((splits, rows, heads_q, head_dim_v), dtype=torch.float32, device=device)
     lse_partial = torch.empty((splits, heads_q, rows), dtype=torch.float32, device=device)
     return o_partial, lse_partial

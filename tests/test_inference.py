@@ -1,0 +1,94 @@
+"""L0 (CPU): the inference kinds (varlen, split-KV, GQA packing) render and compile, and the
+host-side choices (split count, packing) follow their rules. The GPU suite is test_gpu_varlen.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa_gen.errors import InputError, UnsupportedError
+from fa_gen.families.sm80 import GQA_PACKS, INFERENCE_KINDS, gqa_packable
+from fa_gen.inference import (MAX_SPLITS, WAVE_SLACK, forward_split, forward_varlen, gqa_pack, num_splits_for,
+                              packed_kind)
+from fa_gen.render import render
+from fa_gen.runtime import resolve_spec
+
+
+
+@pytest.mark.parametrize("tiles,key_tiles", [(64, 512), (8, 2048), (32, 256), (3, 16), (1, 1), (200, 40)])
+def test_split_count_fills_the_last_wave(tiles, key_tiles):
+    slots = 132 * 2
+    splits = num_splits_for(tiles, key_tiles, 132, 2)
+    assert 1 <= splits <= max(1, min(MAX_SPLITS, key_tiles // 2))
+
+    def fill(s):
+        return tiles * s / (math.ceil(tiles * s / slots) * slots)
+
+    best = max(fill(s) for s in range(1, max(1, min(MAX_SPLITS, key_tiles // 2)) + 1))
+    assert fill(splits) >= WAVE_SLACK * best
+    assert all(fill(s) < WAVE_SLACK * best for s in range(1, splits))
+
+
+def test_full_grids_take_no_split():
+    assert num_splits_for(512, 128, 132, 2) == 1
+    assert num_splits_for(240, 4096, 132, 2) == 1
+
+
+def test_packing_rules():
+    causal = resolve_spec("causal_bf16_d128")
+    assert gqa_packable(causal) and gqa_packable(resolve_spec("softcap"))
+    assert not gqa_packable(resolve_spec("alibi"))  # reads h and q_idx
+    assert gqa_pack(causal, "sm_90a", "forward_split", 4, 1, None) == 4
+    assert gqa_pack(causal, "sm_90a", "forward_split", 4, 64, None) == 1  # a full tile of one head
+    assert gqa_pack(causal, "sm_90a", "forward_split", 4, 1, False) == 1
+    assert gqa_pack(causal, "sm_90a", "forward_split", 1, 1, None) == 1
+    assert gqa_pack(causal, "sm_90a", "forward_split", 3, 1, None) == 1  # 3 does not divide 64 rows
+    with pytest.raises(UnsupportedError, match="pack_gqa"):
+        gqa_pack(causal, "sm_90a", "forward_split", 3, 1, True)
+    with pytest.raises(UnsupportedError, match="pack_gqa"):
+        gqa_pack(resolve_spec("alibi"), "sm_90a", "forward_split", 4, 1, True)
+    assert packed_kind("forward_split", 1) == "forward_split"
+    assert packed_kind("forward_varlen_split", 8) == "forward_varlen_split_pack8"
+    assert all(packed_kind("forward_split", g) in INFERENCE_KINDS for g in GQA_PACKS)
+
+
+def test_packed_renders_differ_only_where_packing_acts():
+    spec = resolve_spec("sliding_window_bf16_d128")
+    plain = render(spec, "sm_90a", "sm80", kind="forward_split").text
+    packed = render(spec, "sm_90a", "sm80", kind="forward_split_pack4").text
+    assert "PACK = 4" in packed and "PACK" not in plain
+    assert "pack_heads(" in packed and "// 4" in packed  # rows -> positions in the window mask
+
+
+def test_input_errors_before_any_device_work():
+    spec = resolve_spec("causal_bf16_d128")
+    q = torch.zeros(2, 1, 8, 128, dtype=torch.bfloat16)
+    k = torch.zeros(2, 100, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="dtype"):
+        forward_split(spec, q.half(), k, k)
+    with pytest.raises(InputError, match="multiple of heads"):
+        forward_split(spec, q[:, :, :7], k, k)
+    packed_q, packed_k = q[0], k[0]
+    cu = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(InputError, match="int32"):
+        forward_varlen(spec, packed_q, packed_k, packed_k, cu.long(), cu, 1, 100)
+    with pytest.raises(InputError, match="batch \\+ 1"):
+        forward_varlen(spec, packed_q, packed_k, packed_k, cu, torch.tensor([0, 1, 2], dtype=torch.int32), 1, 100)
+    with pytest.raises(InputError, match="max_seqlen_q"):
+        forward_varlen(spec, packed_q, packed_k, packed_k, cu, cu, -1, 100)
+    with pytest.raises(InputError, match="CUDA"):
+        forward_varlen(spec, packed_q, packed_k, packed_k, cu, cu, 1, 100)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("name,kind", [("causal_bf16_d128", "forward_varlen_split_pack8"),
+                                       ("softcap", "forward_split_pack4"),
+                                       ("full_fp16_d64", "forward_split")])
+def test_inference_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", arch)
+    text = render(resolve_spec(name), arch, "sm80", kind=kind).text
+    compile_to_object(text, arch, tmp_path / f"{kind}.o", label=f"{name} {kind}")
