@@ -1,0 +1,89 @@
+"""Ad hoc: fa_gen split-KV decode GB/s per cell under tile and split choices (beside a D2D copy)."""
+import json, os, sys, time
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
+import torch
+import bench_decode as bd
+import fa_gen.families.sm80 as sm80
+import fa_gen.inference as inf
+from fa_gen.runtime import resolve_spec
+
+TILES = {"64x128": (64, 128, 4, 2), "64x64": (64, 64, 4, 2)}
+CELLS = [c for c in bd.DECODE_CELLS if not os.environ.get("CELLS") or c.name in os.environ["CELLS"].split(",")]
+
+
+def _patch(tname):
+    sm80.split_tile_config = lambda spec, arch: sm80.TileConfig(*TILES[tname])
+    inf.inference_kernel.cache_clear()
+
+
+def _build(tname, spec, kind):
+    _patch(tname)
+    inf.inference_kernel(resolve_spec(spec), inf.current_arch(), kind)
+    return tname, kind
+
+
+def precompile():
+    from concurrent import futures
+    import multiprocessing
+    work = []
+    for cell in CELLS:
+        spec = bd.fa_gen_spec(False, cell.dtype, cell.head_dim)
+        for tname in TILES:
+            for kind in ("forward_split", f"forward_split_pack{cell.heads_q // cell.heads_kv}"):
+                if (tname, str(spec), kind) not in [(a, str(b), c) for a, b, c in work]:
+                    work.append((tname, spec, kind))
+    t0 = time.time()
+    with futures.ProcessPoolExecutor(16, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_build, *zip(*work)))
+    print("precompiled", len(work), "in", round(time.time() - t0), "s", flush=True)
+
+
+def main():
+    precompile()
+    try:
+        import fa_gen.combine  # noqa: F401
+        combine = "kernel"
+    except ImportError:
+        sys.path.insert(0, "bench")
+        from torch_combine import torch_combine
+        inf._combine = lambda: torch_combine
+        combine = "torch"
+    print("combine:", combine, flush=True)
+    from fa_gen.reference import attention_reference
+    timer = bd.Timer()
+    copy = bd.copy_bandwidth(timer)
+    print("copy GB/s", round(copy["gbps"]), flush=True)
+    results = {"copy": copy, "cells": []}
+    for cell in CELLS:
+        spec = resolve_spec(bd.fa_gen_spec(False, cell.dtype, cell.head_dim))
+        dt = bd.TORCH_DTYPES[cell.dtype]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(cell.batch, 1, cell.heads_q, cell.head_dim, generator=g, device="cuda").to(dt)
+        k = torch.randn(cell.batch, cell.seqlen_k, cell.heads_kv, cell.head_dim, generator=g, device="cuda").to(dt)
+        v = torch.randn_like(k)
+        ref, _ = attention_reference(q[:1], k[:1], v[:1], spec, torch.float32)
+        for tname in TILES:
+            _patch(tname)
+            for pack in (None, False):
+                for splits in (None, 1, 4, 16):
+                    row = dict(cell=cell.name, tile=tname, pack=pack, splits=splits)
+                    try:
+                        fn = lambda: inf.forward_split(spec, q, k, v, num_splits=splits, pack_gqa=pack)
+                        out, lse = fn()
+                        row["err"] = (out[:1].float() - ref).abs().max().item()
+                        row["ms"] = timer.median_ms(fn)
+                        row["gbps"] = round(bd.gbps(cell.kv_bytes, row["ms"]))
+                        saved = inf._combine
+                        inf._combine = lambda: (lambda *a: None)
+                        row["ms_no_combine"] = timer.median_ms(fn)
+                        row["gbps_no_combine"] = round(bd.gbps(cell.kv_bytes, row["ms_no_combine"]))
+                        inf._combine = saved
+                    except Exception as e:
+                        row["error"] = str(e)[:300]
+                    results["cells"].append(row)
+                    print(row, flush=True)
+    json.dump(results, open(os.path.join(os.environ.get("OUT", "/tmp"), "decode_sweep.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
