@@ -25,6 +25,13 @@ def attention(q, k, v, spec, deterministic=None, inputs=None):
     return _attention(q, k, v, spec, deterministic, inputs)
 
 
+def merge_attention_states(outs, lses):
+    """`out, lse = merge_attention_states(outs, lses)`: merge partial results by LSE; see `fa_gen.combine`."""
+    from .combine import merge_attention_states as _merge
+
+    return _merge(outs, lses)
+
+
 def __getattr__(name):
     # `fa_gen.reference` without importing torch at package import time.
     if name == "reference":
@@ -36,5 +43,5 @@ def __getattr__(name):
 
 __all__ = [
     "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
-    "SpecError", "UnsupportedError", "attention", "build", "load_spec", "__version__",
+    "SpecError", "UnsupportedError", "attention", "build", "load_spec", "merge_attention_states", "__version__",
 ]

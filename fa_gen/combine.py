@@ -1,0 +1,109 @@
+"""Merging attention results by their log-sum-exp: split-KV's combine and `merge_attention_states`.
+
+    out, lse = fa_gen.merge_attention_states(outs, lses)
+
+Attention over a key set split into parts A and B is recoverable from each part's normalised
+output and LSE: out = (e^L_A out_A + e^L_B out_B) / (e^L_A + e^L_B), lse = log(e^L_A + e^L_B).
+The split-KV forward (fa_gen.inference) writes fp32 partials and merges them with
+`combine_splits`; context-parallel attention merges the results of several devices the same
+way. One CuTe DSL kernel (templates/common/combine.py.j2) serves both, compiled once per (head
+dim, output dtype, arch) and cached like every kernel; sizes and strides are runtime values.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .backends import get_backend
+from .cache import CacheKey, default_cache
+from .errors import InputError
+from .render import environment
+from .version import __version__
+
+TEMPLATE = "common/combine.py.j2"
+HEAD_DIMS = (64, 96, 128, 192, 256, 512)
+_DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
+# Threads a CTA aims for (whole groups of head_dim / 4 lanes).
+_THREADS = 128
+
+
+def render_combine(head_dim: int, dtype: torch.dtype) -> str:
+    """The combine kernel's source for outputs of `dtype` with `head_dim` columns."""
+    pairs = max(1, _THREADS // (head_dim // 4))
+    return environment().get_template(TEMPLATE).render(head_dim=head_dim, dtype_name=_DTYPES[dtype], pairs=pairs,
+                                                       fa_gen_version=__version__)
+
+
+@functools.lru_cache(maxsize=None)
+def combine_kernel(head_dim: int, dtype: torch.dtype, arch: str):
+    """The compiled combine for (head_dim, dtype) on `arch`, from the cache or built."""
+    backend = get_backend("cute_dsl")
+    source = render_combine(head_dim, dtype)
+    key = CacheKey.for_source(uri=f"combine_d{head_dim}_{_DTYPES[dtype]}", arch=arch, kind="combine", source=source,
+                              fields={"backend": "cute_dsl", "options": backend.compile_options(arch)})
+    return default_cache().get_or_build(
+        key, source, build=lambda text, path: backend.compile_to_object(text, arch, path, label="combine"),
+        load=backend.load_object)
+
+
+def combine_splits(o_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Merge o_partial (S, rows, heads, d) fp32 and lse_partial (S, heads, rows) into `out`
+    (rows, heads, d) and `lse` (heads, rows), in place. The split forward's internal contract:
+    shapes are not re-checked here."""
+    from .runtime import current_arch
+
+    combine_kernel(out.shape[-1], out.dtype, current_arch())(o_partial, lse_partial, out, lse)
+
+
+def merge_attention_states(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (*rows, heads, d) in outs' dtype, lse (*rows, heads) fp32) of S partial results:
+    outs (S, *rows, heads, d) fp32/bf16/fp16, each normalised over its own keys; lses
+    (S, *rows, heads) fp32, natural log, -inf where a part saw no key. Rows every part leaves
+    empty get out 0 and lse -inf. Deterministic: parts are summed in order."""
+    _check_states(outs, lses)
+    parts, heads, head_dim = outs.shape[0], outs.shape[-2], outs.shape[-1]
+    rows_shape = outs.shape[1:-2]
+    rows = math.prod(rows_shape)
+    out = torch.empty((*rows_shape, heads, head_dim), dtype=outs.dtype, device=outs.device)
+    lse = torch.empty((*rows_shape, heads), dtype=torch.float32, device=outs.device)
+    if rows * heads == 0:
+        return out, lse
+    # The kernel reads fp32 parts with aligned rows: a no-op for contiguous fp32 outs.
+    o_parts = outs.reshape(parts, rows, heads, head_dim).float().contiguous()
+    lse_parts = lses.reshape(parts, rows, heads).transpose(1, 2)
+    combine_splits(o_parts, lse_parts, out.view(rows, heads, head_dim), lse.view(rows, heads).t())
+    return out, lse
+
+
+def merge_reference(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """merge_attention_states in float64 torch ops, written from the definition: the oracle of
+    the tests (out (*rows, heads, d) float64, lse (*rows, heads) float64)."""
+    lses = lses.double()
+    top = lses.max(dim=0).values
+    ref = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    weights = torch.exp(lses - ref)
+    total = weights.sum(dim=0)
+    out = (weights.unsqueeze(-1) * outs.double()).sum(dim=0) / torch.where(total > 0, total, 1).unsqueeze(-1)
+    lse = torch.where(total > 0, ref + torch.log(total), torch.full_like(total, -math.inf))
+    return out, lse
+
+
+def _check_states(outs, lses) -> None:
+    if not isinstance(outs, torch.Tensor) or not isinstance(lses, torch.Tensor):
+        raise InputError("outs and lses must be torch.Tensors")
+    if outs.dtype not in _DTYPES:
+        raise InputError(f"outs must be float32, bfloat16 or float16; got {outs.dtype}")
+    if lses.dtype != torch.float32:
+        raise InputError(f"lses must be float32 (natural-log LSEs); got {lses.dtype}")
+    if outs.dim() < 3 or tuple(lses.shape) != tuple(outs.shape[:-1]):
+        raise InputError(f"outs must be (parts, *rows, heads, head_dim) and lses (parts, *rows, heads); got "
+                         f"{tuple(outs.shape)} and {tuple(lses.shape)}")
+    if outs.shape[0] < 1:
+        raise InputError("there must be at least one part to merge")
+    if outs.shape[-1] not in HEAD_DIMS:
+        raise InputError(f"head_dim must be one of {HEAD_DIMS}; got {outs.shape[-1]}")
+    if not outs.is_cuda or lses.device != outs.device:
+        raise InputError(f"outs and lses must be CUDA tensors on one device; got {outs.device} and {lses.device}")

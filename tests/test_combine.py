@@ -1,0 +1,75 @@
+"""L0 (CPU): the LSE merge's float64 oracle, its input checks, and the combine kernel compiling
+for every head dim and output dtype. The GPU suite is test_gpu_combine.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa_gen.combine import HEAD_DIMS, merge_attention_states, merge_reference, render_combine
+from fa_gen.errors import InputError
+
+
+def _attention(q, k, v):
+    """(out, lse) of one query block against keys k (float64): the definition."""
+    scores = q @ k.T
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.softmax(scores, dim=-1) @ v, lse
+
+
+def test_merging_parts_of_the_keys_gives_the_whole():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 16, generator=g, dtype=torch.float64) for n in (5, 40, 40))
+    whole, whole_lse = _attention(q, k, v)
+    cuts = [0, 3, 4, 25, 40]
+    parts = [_attention(q, k[a:b], v[a:b]) for a, b in zip(cuts, cuts[1:])]
+    outs = torch.stack([o for o, _ in parts]).unsqueeze(2)   # (S, rows, heads=1, d)
+    lses = torch.stack([l for _, l in parts]).unsqueeze(2)
+    out, lse = merge_reference(outs, lses)
+    torch.testing.assert_close(out[:, 0], whole, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse[:, 0], whole_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_one_part_is_the_identity_and_empty_parts_count_nothing():
+    g = torch.Generator().manual_seed(1)
+    outs = torch.randn(1, 7, 3, 64, generator=g)
+    lses = torch.randn(1, 7, 3, generator=g)
+    out, lse = merge_reference(outs, lses)
+    torch.testing.assert_close(out, outs[0].double())
+    torch.testing.assert_close(lse, lses[0].double())
+    empty_out = torch.randn(1, 7, 3, 64, generator=g)  # whatever an empty part holds is ignored
+    out2, lse2 = merge_reference(torch.cat([outs, empty_out]), torch.cat([lses, torch.full_like(lses, -math.inf)]))
+    torch.testing.assert_close(out2, out)
+    torch.testing.assert_close(lse2, lse)
+
+
+def test_rows_no_part_saw_are_zero_and_minus_infinity():
+    outs = torch.randn(3, 2, 4, 64)
+    lses = torch.full((3, 2, 4), -math.inf)
+    out, lse = merge_reference(outs, lses)
+    assert bool((out == 0).all()) and bool(torch.isneginf(lse).all())
+
+
+@pytest.mark.parametrize("outs,lses,match", [
+    (torch.zeros(2, 3, 4, 64, dtype=torch.int32), torch.zeros(2, 3, 4), "float32, bfloat16 or float16"),
+    (torch.zeros(2, 3, 4, 64), torch.zeros(2, 3, 4, dtype=torch.float16), "lses must be float32"),
+    (torch.zeros(2, 3, 4, 64), torch.zeros(2, 3, 5), "parts, \\*rows, heads"),
+    (torch.zeros(0, 3, 4, 64), torch.zeros(0, 3, 4), "at least one part"),
+    (torch.zeros(2, 3, 4, 80), torch.zeros(2, 3, 4), "head_dim must be one of"),
+    (torch.zeros(2, 3, 4, 64), torch.zeros(2, 3, 4), "CUDA"),
+])
+def test_input_errors(outs, lses, match):
+    with pytest.raises(InputError, match=match):
+        merge_attention_states(outs, lses)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_combine_compiles(tmp_path, monkeypatch, arch, head_dim):
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", arch)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        compile_to_object(render_combine(head_dim, dtype), arch, tmp_path / f"c{head_dim}.o", label="combine")

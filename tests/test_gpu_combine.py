@@ -1,0 +1,91 @@
+"""L1: the combine kernel and fa_gen.merge_attention_states against the float64 oracle.
+
+Run on a GPU machine:  python -m pytest -m gpu tests/test_gpu_combine.py
+Tolerance: the output dtype's rounding of the merged value (one step at its magnitude) plus
+float32 accumulation over the parts; LSEs within a few float32 steps. NaN never passes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fa_gen.combine import combine_splits, merge_attention_states, merge_reference
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (L1)"),
+]
+
+
+def _states(parts, rows, heads, head_dim, seed, empty_share=0.2):
+    """Fresh random partial outputs and LSEs; some (part, row, head) entries empty (-inf), and
+    every entry of the first row empty in all parts."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    outs = torch.randn(parts, rows, heads, head_dim, generator=g, device="cuda")
+    lses = 4 * torch.randn(parts, rows, heads, generator=g, device="cuda")
+    lses[torch.rand(lses.shape, generator=g, device="cuda") < empty_share] = -math.inf
+    lses[:, 0] = -math.inf
+    return outs, lses
+
+
+def _tolerance(ref: torch.Tensor, dtype: torch.dtype, parts: int) -> float:
+    magnitude = ref.abs().max().item() if ref.numel() else 0.0
+    return magnitude * (torch.finfo(dtype).eps + 4 * parts * torch.finfo(torch.float32).eps)
+
+
+def _assert_close(out, lse, ref_out, ref_lse, parts):
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    err = (out.double() - ref_out).abs().max().item()
+    assert err <= _tolerance(ref_out, out.dtype, parts), f"out err {err:.3e}"
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty), "rows with no key must (only) have lse -inf"
+    assert bool((out[empty] == 0).all()), "rows with no key must be 0"
+    finite = ~empty
+    lse_err = (lse[finite].double() - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    assert lse_err <= 8 * torch.finfo(torch.float32).eps * (1 + ref_lse[finite].abs().max().item()), lse_err
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 17, 128])
+@pytest.mark.parametrize("rows,heads", [(1, 1), (7, 5), (333, 32)])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_combine_splits_matches_reference(parts, rows, heads, head_dim, dtype):
+    """The split forward's layouts: fp32 parts (S, rows, heads, d), LSEs (S, heads, rows)."""
+    outs, lses = _states(parts, rows, heads, head_dim, seed=parts * 1000 + rows + head_dim)
+    out = torch.full((rows, heads, head_dim), math.nan, dtype=dtype, device="cuda")
+    lse = torch.full((heads, rows), math.nan, device="cuda")
+    combine_splits(outs, lses.permute(0, 2, 1).contiguous(), out, lse)
+    ref_out, ref_lse = merge_reference(outs, lses)
+    _assert_close(out, lse.t(), ref_out, ref_lse, parts)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("parts", [1, 5])
+def test_merge_attention_states_matches_reference(dtype, parts):
+    outs, lses = _states(parts, 41, 6, 128, seed=parts)
+    outs = outs.to(dtype)
+    out, lse = merge_attention_states(outs, lses)
+    assert out.dtype == dtype and out.shape == (41, 6, 128) and lse.shape == (41, 6)
+    ref_out, ref_lse = merge_reference(outs, lses)
+    _assert_close(out, lse, ref_out, ref_lse, parts)
+
+
+def test_merge_of_low_precision_parts_and_extra_row_dims():
+    outs, lses = _states(4, 6 * 5, 3, 128, seed=11)
+    outs = outs.view(4, 6, 5, 3, 128).to(torch.bfloat16)
+    lses = lses.view(4, 6, 5, 3)
+    out, lse = merge_attention_states(outs, lses)
+    assert out.shape == (6, 5, 3, 128) and out.dtype == torch.bfloat16 and lse.shape == (6, 5, 3)
+    ref_out, ref_lse = merge_reference(outs, lses)
+    _assert_close(out, lse, ref_out, ref_lse, 4)
+
+
+def test_deterministic():
+    outs, lses = _states(37, 100, 8, 128, seed=5)
+    first = merge_attention_states(outs, lses)
+    for _ in range(3):
+        again = merge_attention_states(outs, lses)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
