@@ -25,6 +25,13 @@ def attention(q, k, v, spec, deterministic=None, inputs=None):
     return _attention(q, k, v, spec, deterministic, inputs)
 
 
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options):
+    """Differentiable attention over a packed (varlen) batch; see `fa_gen.varlen.attention_varlen`."""
+    from .varlen import attention_varlen as _attention_varlen
+
+    return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options)
+
+
 def merge_attention_states(outs, lses):
     """`out, lse = merge_attention_states(outs, lses)`: merge partial results by LSE; see `fa_gen.combine`."""
     from .combine import merge_attention_states as _merge
@@ -43,5 +50,6 @@ def __getattr__(name):
 
 __all__ = [
     "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
-    "SpecError", "UnsupportedError", "attention", "build", "load_spec", "merge_attention_states", "__version__",
+    "SpecError", "UnsupportedError", "attention", "attention_varlen", "build", "load_spec", "merge_attention_states",
+    "__version__",
 ]

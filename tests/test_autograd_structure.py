@@ -15,7 +15,7 @@ import torch
 from torch.utils import _pytree
 
 import fa_gen
-from fa_gen import autograd, generate
+from fa_gen import autograd, generate, varlen
 from fa_gen.spec_load import load_spec
 
 # A spec with several runtime scalars and tensors, beside the shipped ones (0 or 1 of each).
@@ -123,12 +123,30 @@ def _sample_backward(spec):
     return (out, q, k, v, out, lse, key, det, tensors, scalars)
 
 
+def _sample_varlen_forward(spec):
+    q, k, v, key, det, tensors, scalars = _sample_forward(spec)
+    q, k, v = (t.detach().flatten(0, 1) for t in (q, k, v))
+    cu_q, cu_k = (torch.empty(3, dtype=torch.int32, device="meta") for _ in range(2))
+    used_k = torch.empty(2, dtype=torch.int32, device="meta")
+    return (q, k, v, cu_q, cu_k, used_k, 33, 47, key, det, 0, -1, tensors, scalars)
+
+
+def _sample_varlen_backward(spec):
+    q, k, v, cu_q, cu_k, used_k, max_q, max_k, key, det, _, _, tensors, scalars = _sample_varlen_forward(spec)
+    out, lse = torch.ops.fa_gen.attention_varlen_forward(q, k, v, cu_q, cu_k, used_k, max_q, max_k, key, det, 0, -1,
+                                                         tensors, scalars)
+    return (out, q, k, v, out, lse, cu_q, cu_k, used_k, max_q, max_k, key, det, tensors, scalars)
+
+
 # Sample arguments of every op in the fa_gen namespace: an op added without one fails below.
-OP_SAMPLES = {"attention_forward": _sample_forward, "attention_backward": _sample_backward}
+OP_SAMPLES = {"attention_forward": _sample_forward, "attention_backward": _sample_backward,
+              "attention_varlen_forward": _sample_varlen_forward, "attention_varlen_backward": _sample_varlen_backward}
 
 
 def _schema_kind(type_str: str) -> str:
-    return "list" if type_str.endswith("[]") or type_str.startswith("List[") else "tensor" if type_str.startswith("Tensor") else "value"
+    if type_str.endswith("[]") or type_str.startswith("List["):
+        return "list"
+    return "tensor" if type_str.startswith(("Tensor", "Optional[Tensor]")) else "value"
 
 
 @pytest.mark.parametrize("name", ["causal_fp16_d64", "softcap", "many_inputs"])
@@ -147,6 +165,18 @@ def test_every_fa_gen_op_fake_matches_its_schema(name):
         result = result if isinstance(result, tuple) else (result,)
         assert len(result) == len(schema.returns), op_name
         assert all(isinstance(r, torch.Tensor) and r.device.type == "meta" for r in result), op_name
+
+
+def test_varlen_user_path_on_meta_tensors():
+    """fa_gen.attention_varlen -> .backward() on meta tensors: shapes of out, lse and every gradient."""
+    spec = SPECS["causal_fp16_d64"]
+    q, k, v, _ = _meta_call(spec, grad_inputs=False)
+    q, k, v = (t.detach().flatten(0, 1).requires_grad_() for t in (q, k, v))
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    out, lse = fa_gen.attention_varlen(q, k, v, cu, cu, 33, 47, spec)
+    assert out.shape == (*q.shape[:2], spec.head_dim_v) and lse.shape == (q.shape[1], q.shape[0])
+    out.float().sum().backward()
+    assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
 
 
 def test_a_spec_object_reaches_the_op_as_its_key(monkeypatch):

@@ -85,10 +85,35 @@ def test_input_errors_before_any_device_work():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("name,kind", [("causal_bf16_d128", "forward_varlen_split_pack8"),
                                        ("softcap", "forward_split_pack4"),
-                                       ("full_fp16_d64", "forward_split")])
+                                       ("full_fp16_d64", "forward_split"),
+                                       ("sliding_window_bf16_d128", "backward_varlen"),
+                                       ("softcap", "backward_varlen"),
+                                       ("alibi", "backward_varlen"),
+                                       ("full_bf16_d256", "backward_varlen")])
 def test_inference_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
     from fa_gen.backends.cute_dsl import compile_to_object
 
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
     text = render(resolve_spec(name), arch, "sm80", kind=kind).text
     compile_to_object(text, arch, tmp_path / f"{kind}.o", label=f"{name} {kind}")
+
+
+def test_varlen_backward_input_errors():
+    from fa_gen.varlen_backward import backward_varlen
+
+    spec = resolve_spec("causal_bf16_d128")
+    q = torch.zeros(5, 4, 128, dtype=torch.bfloat16)
+    k = torch.zeros(7, 2, 128, dtype=torch.bfloat16)
+    cu_q, cu_k = torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0, 7], dtype=torch.int32)
+    lse = torch.zeros(4, 5)
+    with pytest.raises(InputError, match="CUDA"):
+        backward_varlen(spec, q, q, k, k, q, lse, cu_q, cu_k, 5, 7)
+    with pytest.raises(InputError, match="int32"):
+        backward_varlen(spec, q, q, k, k, q, lse, cu_q.float(), cu_k, 5, 7)
+
+
+def test_varlen_kinds_refuse_mask_and_sink_expressions():
+    with pytest.raises(UnsupportedError):
+        render(resolve_spec("document"), "sm_90a", "sm80", kind="backward_varlen")
+    with pytest.raises(UnsupportedError):
+        render(resolve_spec("sink_logit"), "sm_90a", "sm80", kind="forward_varlen")

@@ -23,6 +23,9 @@ INFERENCE_KINDS = {"forward_varlen": (True, False, 1), "forward_split": (False, 
                    **{f"forward_split_pack{g}": (False, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_pack{g}": (True, True, g) for g in GQA_PACKS}}
 
+# Backward kinds: the fixed-length one (in generated/) and the varlen one (rendered on demand).
+BACKWARD_KINDS = ("backward", "backward_varlen")
+
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 
 # Registers per SM on every arch this family serves, and what one thread may hold.
@@ -113,8 +116,9 @@ class Sm80Family(Family):
         if spec.mask_expr is not None or spec.sink_expr is not None:
             return {}
         packable = gqa_packable(spec)
-        return {kind: (self.forward_template, f"{kind}.py") for kind, (_, _, pack) in INFERENCE_KINDS.items()
-                if pack == 1 or packable}
+        kinds = {kind: (self.forward_template, f"{kind}.py") for kind, (_, _, pack) in INFERENCE_KINDS.items()
+                 if pack == 1 or packable}
+        return {**kinds, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
         if kind in INFERENCE_KINDS:
@@ -127,7 +131,7 @@ class Sm80Family(Family):
                 # What the split count aims to fill (fa_gen.inference.num_splits_for).
                 context["ctas_per_sm"] = cfg.blocks_per_sm(spec.head_dim_qk, spec.head_dim_v, smem)
             return context
-        if kind != "backward":
+        if kind not in BACKWARD_KINDS:
             return {}
         cfg = backward_tile_config(spec, arch)
         # Query tiles first to last where no right window bounds them from below (every key
@@ -137,7 +141,7 @@ class Sm80Family(Family):
         ascending = spec.window_right is None and max(spec.head_dim_qk, spec.head_dim_v) >= 128
         return {"bwd": asdict(cfg), "smem_atom_cols_pds": smem_atom_cols(cfg.tile_n),
                 "bwd_ascending": ascending, "expr": backward_expression_context(spec),
-                "dq_atomic_width": _dq_atomic_width(arch)}
+                "dq_atomic_width": _dq_atomic_width(arch), "varlen": kind == "backward_varlen"}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
         cfg = tile_config(spec, arch)

@@ -1,0 +1,82 @@
+"""The backward pass of a packed (varlen) batch: the sm80 family's `backward_varlen` kernel.
+
+    dq, dk, dv = backward_varlen(spec, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                 max_seqlen_q, max_seqlen_k)
+
+Layouts as fa_gen.inference.forward_varlen takes and returns them: q/out/dout (total_q, hq, d),
+k/v (total_k, hkv, d), lse (hq, total_q) fp32. Sequence b's workspace rows (fp32 dQ accumulator,
+LSE in base 2, D, per-tile counters) start at 128 * ((cu_seqlens_q[b] + 128 * b) // 128)
+(templates/common/seqlen.j2, workspace_offset), so the workspaces are sized from total_q and the
+batch alone: nothing on the call path reads the device. Keys past seqused_k[b] (or outside every
+sequence) are not attended and get dK = dV = 0; dq, dk, dv start zeroed for that reason.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import InputError
+from .inference import _check_tensor, _check_varlen, _varlen_extra_arguments
+from .runtime import current_arch, load_kernel_function
+from .spec import Spec
+
+KIND = "backward_varlen"
+FAMILY = "sm80"
+# Rows every sequence's workspace start is rounded to (every backward tile_m divides it).
+ROW_ALIGN = 128
+# The smallest backward tile_m: per-query-tile counters are sized for it.
+MIN_TILE_M = 32
+
+
+def backward_varlen(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                    max_seqlen_q: int, max_seqlen_k: int, seqused_k: torch.Tensor | None = None,
+                    deterministic: bool = False, inputs=None, arch: str | None = None):
+    """(dq, dk, dv) of a packed batch for the upstream gradient `dout` of `out` (see the module
+    docstring); `deterministic` makes them bitwise reproducible."""
+    _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    _check_outputs(spec, q, out, dout, lse)
+    function, _ = load_kernel_function(spec, arch or current_arch(), FAMILY, kind=KIND)
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    batch = cu_seqlens_q.shape[0] - 1
+    if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
+        return dq, dk, dv
+    extra = _varlen_extra_arguments(spec, q, q.shape[1], inputs)
+    used = seqused_k if seqused_k is not None else cu_seqlens_k
+    sequences = (cu_seqlens_q, cu_seqlens_k, used, int(seqused_k is not None), max(int(max_seqlen_q), 1),
+                 max(int(max_seqlen_k), 1))
+    function(q, k, v, out, dout, lse, dq, dk, dv, *_workspace(q, batch, spec.head_dim_qk), int(bool(deterministic)),
+             *sequences, *extra)
+    return dq, dk, dv
+
+
+def _workspace(q: torch.Tensor, batch: int, head_dim_qk: int):
+    """(dq_accum, lse_log2, dpsum, semaphore), each (1, heads_q, padded rows [* head_dim_qk]): room
+    for every sequence's padded region (see the module docstring). The pre-pass initialises them."""
+    heads_q = q.shape[1]
+    rows = -(-(q.shape[0] + ROW_ALIGN * (batch + 1)) // ROW_ALIGN) * ROW_ALIGN
+    sizes = (rows * head_dim_qk, rows, rows)
+    buffer = torch.empty(heads_q * sum(sizes), dtype=torch.float32, device=q.device)
+    parts, offset = [], 0
+    for size in sizes:
+        parts.append(buffer[offset:offset + heads_q * size].view(1, heads_q, size))
+        offset += heads_q * size
+    semaphore = torch.empty((1, heads_q, rows // MIN_TILE_M), dtype=torch.int32, device=q.device)
+    return (*parts, semaphore)
+
+
+def _check_outputs(spec: Spec, q, out, dout, lse) -> None:
+    for name, t in (("out", out), ("dout", dout)):
+        _check_tensor(spec, name, t, 3, "(total_q, heads_q, head_dim_v)")
+        if tuple(t.shape) != (*q.shape[:2], spec.head_dim_v):
+            raise InputError(f"{name} must have shape {(*q.shape[:2], spec.head_dim_v)} (q's with v's head_dim); "
+                             f"got {tuple(t.shape)}")
+    expected = (q.shape[1], q.shape[0])
+    if not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32 or tuple(lse.shape) != expected \
+            or not lse.is_contiguous():
+        got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
+        raise InputError(f"lse must be contiguous float32 of shape {expected} (heads_q, total_q), as the forward "
+                         f"returns it; got {got}")
+    for name, t in (("out", out), ("dout", dout), ("lse", lse)):
+        if t.device != q.device:
+            raise InputError(f"{name} is on {t.device}; q is on {q.device}")
