@@ -72,11 +72,16 @@ def returns_lse(key: str) -> bool:
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec_key: str,
                       deterministic: bool, tensors: list[torch.Tensor],
                       scalars: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse); `deterministic` is only carried to the backward."""
+    """(out, lse); `deterministic` is only carried to the backward. Decode-shaped calls (a few
+    query rows) take the split-KV forward with GQA packing (fa_gen.inference)."""
+    from .inference import decode_shaped, forward_split
     from .runtime import build
 
     spec = spec_from_key(spec_key)
-    return build(spec).forward(q, k, v, inputs=_inputs_by_name(spec, tensors, scalars))
+    inputs = _inputs_by_name(spec, tensors, scalars)
+    if decode_shaped(spec, q):
+        return forward_split(spec, q, k, v, inputs=inputs)
+    return build(spec).forward(q, k, v, inputs=inputs)
 
 
 def _inputs_by_name(spec: Spec, tensors, scalars) -> dict | None:

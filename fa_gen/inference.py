@@ -85,7 +85,7 @@ def num_splits_for(tiles: int, key_tiles: int, num_sms: int, ctas_per_sm: int = 
     bf16, d 128, 64x64 tiles, 2 CTAs per SM): 5 splits of 64 tiles (1.2 waves) read 2.9 TB/s,
     4 splits (0.97 of a wave) 4.3 TB/s."""
     slots = num_sms * ctas_per_sm
-    if tiles >= FULL_GRID * slots:
+    if tiles == 0 or tiles >= FULL_GRID * slots:
         return 1
     most = max(1, min(key_tiles // 2, MAX_SPLITS))
     fill = [tiles * s / (math.ceil(tiles * s / slots) * slots) for s in range(1, most + 1)]
@@ -156,6 +156,16 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if splits > 1:
         _combine()(o_partial, lse_partial, out, lse)
     return out, lse
+
+
+def decode_shaped(spec: Spec, q: torch.Tensor) -> bool:
+    """Whether fa_gen.attention should serve q through the split-KV forward: fewer query rows
+    than a split tile holds (decode, speculative decoding), on a GPU whose family renders it.
+    H200, seqlen_q 1 (bench/bench_decode.py): 0.86-1.02x the best of FA4, cuDNN and FA2, where
+    the fixed-length forward read 0.14-0.38x."""
+    if not (isinstance(q, torch.Tensor) and q.dim() == 4 and q.is_cuda and q.shape[1] < SPLIT_TILE_M):
+        return False
+    return supports(spec, current_arch(), "forward_split")
 
 
 def packed_kind(kind: str, group: int) -> str:

@@ -31,6 +31,10 @@ def test_split_count_fills_the_last_wave(tiles, key_tiles):
     assert all(fill(s) < WAVE_SLACK * best for s in range(1, splits))
 
 
+def test_empty_grids_take_no_split():
+    assert num_splits_for(0, 100, 132, 2) == 1
+
+
 def test_full_grids_take_no_split():
     assert num_splits_for(512, 128, 132, 2) == 1
     assert num_splits_for(240, 4096, 132, 2) == 1
