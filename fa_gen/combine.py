@@ -26,14 +26,17 @@ from .version import __version__
 TEMPLATE = "common/combine.py.j2"
 HEAD_DIMS = (64, 96, 128, 192, 256, 512)
 _DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
-# Threads a CTA aims for (whole groups of head_dim / 4 lanes).
-_THREADS = 128
+# Threads a CTA aims for (whole groups of head_dim / 4 lanes, whole warps).
+_THREADS = 256
 
 
 def render_combine(head_dim: int, dtype: torch.dtype) -> str:
     """The combine kernel's source for outputs of `dtype` with `head_dim` columns."""
-    pairs = max(1, _THREADS // (head_dim // 4))
-    return environment().get_template(TEMPLATE).render(head_dim=head_dim, dtype_name=_DTYPES[dtype], pairs=pairs,
+    lanes = head_dim // 4
+    groups = max(1, _THREADS // lanes)
+    while groups * lanes % 32:
+        groups += 1
+    return environment().get_template(TEMPLATE).render(head_dim=head_dim, dtype_name=_DTYPES[dtype], groups=groups,
                                                        fa_gen_version=__version__)
 
 
