@@ -20,6 +20,7 @@ import torch
 from .archs import family_named
 from .backward_plan import BackwardPlan, make_backward_plan
 from .errors import InputError, UnsupportedError
+from .families import REGISTRY
 from .plan import memoised_plan
 from .runtime import CompiledKernel, _check_shapes, _check_strides, current_arch, load_kernel_function
 from .runtime import resolve_spec
@@ -139,8 +140,6 @@ def backward_family(spec: Spec, arch: str) -> str:
     """The first family, in the registry's preference order, that serves (spec, arch) and renders
     a backward kernel for it: a family without one, or whose backward refuses the spec (Hopper's
     above head dim 128), leaves the backward to the next."""
-    from .families import REGISTRY
-
     reasons = []
     for family in REGISTRY:
         problems = family.can_implement(spec, arch)

@@ -21,6 +21,7 @@ from .backends import get_backend
 from .cache import CacheKey, default_cache
 from .errors import InputError
 from .render import environment
+from .runtime import current_arch
 from .version import __version__
 
 TEMPLATE = "common/combine.py.j2"
@@ -56,8 +57,6 @@ def combine_splits(o_partial: torch.Tensor, lse_partial: torch.Tensor, out: torc
     """Merge o_partial (S, rows, heads, d) fp32 and lse_partial (S, heads, rows) into `out`
     (rows, heads, d) and `lse` (heads, rows), in place. The split forward's internal contract:
     shapes are not re-checked here."""
-    from .runtime import current_arch
-
     combine_kernel(out.shape[-1], out.dtype, current_arch())(o_partial, lse_partial, out, lse)
 
 

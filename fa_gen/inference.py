@@ -25,9 +25,11 @@ from dataclasses import dataclass
 import torch
 
 from . import archs
+from .combine import combine_splits
 from .errors import InputError, UnsupportedError
 from .plan import bind_arguments
 from .runtime import _check_strides, _TORCH_DTYPES, current_arch, load_kernel_function
+from .families import REGISTRY
 from .families.sm80 import GQA_PACKS
 from .spec import Spec
 
@@ -67,8 +69,6 @@ def inference_kernel(spec: Spec, arch: str, kind: str) -> InferenceKernel:
 
 
 def _family_for_kind(spec: Spec, arch: str, kind: str):
-    from .families import REGISTRY
-
     reasons = []
     for family in REGISTRY:
         problems = family.can_implement(spec, arch)
@@ -187,9 +187,7 @@ def gqa_pack(spec: Spec, arch: str, kind: str, group: int, seqlen_q: int, wanted
 
 
 def _combine():
-    # The combine kernel (fa_gen.combine, on branch wip/combine until it lands).
-    from .combine import combine_splits
-
+    """The combine of split partials (a seam: ad hoc checks swap in a torch stand-in)."""
     return combine_splits
 
 

@@ -280,18 +280,3 @@ def _dump_source(spec: Spec, rendered) -> None:
         target = Path(dump_dir) / spec.name / rendered.arch
         target.mkdir(parents=True, exist_ok=True)
         (target / rendered.filename).write_text(rendered.text)
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike,
-              deterministic: bool | None = None, inputs=None):
-    """One-liner: `out, lse = fa_gen.attention(q, k, v, spec="causal_bf16_d128")`.
-
-    Differentiable, and traceable by torch.compile(fullgraph=True): it goes through the
-    `fa_gen::attention_forward` custom op (see fa_gen.autograd). `deterministic` makes the
-    backward bitwise reproducible; None follows torch.are_deterministic_algorithms_enabled().
-    `build(spec)(q, k, v)` stays the raw path, with the least per-call overhead. `inputs`: the
-    spec's declared inputs by name (fa_gen.variant), e.g. `inputs={"softcap": 30.0}`.
-    """
-    from .autograd import attention as attention_op
-
-    return attention_op(q, k, v, spec, deterministic, inputs)
