@@ -1,7 +1,7 @@
 """L1: fa_gen.varlen_backward.backward_varlen (the sm80 family's `backward_varlen` kernel) called
 directly after fa_gen.inference.forward_varlen, every sequence judged alone.
 
-Run on a GPU machine:  python -m pytest -m gpu tests/test_gpu_varlen_backward.py
+Run on a GPU machine:  FA_GEN_PRECOMPILE_JOBS=14 python -m pytest -m gpu tests/test_gpu_varlen_backward.py
 dq, dk, dv of each sequence are compared with float64 autograd through fa_gen.reference of that
 sequence alone (its q rows, its first seqused_k[b] keys); the tolerance is twice a same-precision
 PyTorch autograd's own error plus one rounding step at the sequence's gradient magnitude. Keys
@@ -12,7 +12,9 @@ through fa_gen.attention_varlen's autograd, without seqused_k.)
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from concurrent import futures
 
 import pytest
 import torch
@@ -44,17 +46,40 @@ BATCHES = {
 HEADS = [(2, 2), (4, 2), (4, 1)]
 
 
+def _compile(spec, arch, kind):
+    """Compile (or load) one kind of one spec: forward_varlen or backward_varlen."""
+    from fa_gen.inference import inference_kernel
+    from fa_gen.runtime import load_kernel_function
+
+    if kind == "backward_varlen":
+        load_kernel_function(spec, arch, "sm80", kind=kind)
+    else:
+        inference_kernel(spec, arch, kind)
+
+
 @pytest.fixture(scope="module")
 def arch():
-    """The forward and backward kinds of every spec, compiled before the first test."""
-    from fa_gen.inference import inference_kernel
-    from fa_gen.runtime import current_arch, load_kernel_function
+    """The forward and backward kinds of every spec, compiled before the first test (in
+    FA_GEN_PRECOMPILE_JOBS parallel processes where set, filling the disk cache first)."""
+    from fa_gen.runtime import current_arch
 
     arch = current_arch()
-    for spec in SPECS.values():
-        inference_kernel(spec, arch, "forward_varlen")
-        load_kernel_function(spec, arch, "sm80", kind="backward_varlen")
+    work = [(spec, arch, kind) for spec in SPECS.values() for kind in ("forward_varlen", "backward_varlen")]
+    _compile_in_processes(work, int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0")))
+    for item in work:
+        _compile(*item)
     return arch
+
+
+def _compile_in_processes(work, jobs):
+    """With jobs > 1: compile `work` in that many spawned processes (no CUDA state inherited);
+    the disk cache they fill is where this process then loads from."""
+    if jobs <= 1:
+        return
+    pool = futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    with pool:
+        for done in [pool.submit(_compile, *item) for item in work]:
+            done.result()
 
 
 def _run(spec, lengths, heads, seed, used=False, deterministic=False, runs=1):
