@@ -1,0 +1,142 @@
+"""L0 (CPU): the sm80 family's varlen backward (kind `backward_varlen`, fa_gen/varlen_backward.py).
+
+Compiles it for sm_80 and sm_90a (other shipped specs compile in tests/test_inference.py), checks
+that the host's workspace sizing and the template's per-sequence row offsets agree for random
+batches (a tile of one sequence must never reach another's rows), and the input errors.
+The GPU exactness tests are in tests/test_gpu_varlen_backward.py.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from fa_gen import varlen_backward
+from fa_gen.errors import InputError, UnsupportedError
+from fa_gen.families.sm80 import BACKWARD_ROW_ALIGN, backward_tile_config
+from fa_gen.render import environment, render
+from fa_gen.runtime import resolve_spec
+from fa_gen.varlen_backward import backward_varlen
+
+# (spec, why): a causal mask, a left + right window, a score mod with a runtime scalar, d64 (the
+# 128-row backward tile), d256 (one Q/dO stage on sm_80), qk 192 / v 128 (unequal head dims).
+COMPILED = ["causal_bf16_d128", "causal_fp16_d64", "causal_bf16_qk192_v128"]
+RENDERED = COMPILED + ["sliding_window_bf16_d128", "softcap", "alibi", "full_bf16_d256"]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("name", COMPILED)
+def test_backward_varlen_compiles(tmp_path, monkeypatch, arch, name):
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", arch)
+    text = render(resolve_spec(name), arch, "sm80", kind="backward_varlen").text
+    compile_to_object(text, arch, tmp_path / "backward_varlen.o", label=f"{name} backward_varlen")
+
+
+@pytest.mark.parametrize("name", RENDERED)
+def test_varlen_render_finds_sequences_and_fixed_render_does_not(name):
+    """The varlen kind reads cu_seqlens in all three kernels (pre-pass, main, dQ post-pass) and
+    offsets the workspaces per sequence; the fixed kind has none of it."""
+    spec = resolve_spec(name)
+    varlen = render(spec, "sm_90a", "sm80", kind="backward_varlen").text
+    fixed = render(spec, "sm_90a", "sm80", kind="backward").text
+    assert varlen.count("offset_q = mCuSeqlensQ[batch]") == 3
+    assert varlen.count("ws_offset = ((offset_q + batch * 128) // 128) * 128") == 3
+    assert "mSeqUsedK[batch]" in varlen
+    assert "mCuSeqlens" not in fixed and "ws_offset" not in fixed
+
+
+def test_backward_tiles_divide_the_row_alignment():
+    """Per-sequence workspace starts are multiples of ROW_ALIGN: every tile_m must divide it."""
+    assert varlen_backward.ROW_ALIGN == BACKWARD_ROW_ALIGN
+    for name in RENDERED:
+        for arch in ("sm_80", "sm_86", "sm_90a"):
+            tile_m = backward_tile_config(resolve_spec(name), arch).tile_m
+            assert BACKWARD_ROW_ALIGN % tile_m == 0 and tile_m >= varlen_backward.MIN_TILE_M, (name, arch)
+
+
+def _template_offset(offset_q: int, batch: int) -> int:
+    """The workspace row offset of sequence `batch` as the template computes it (its macro's
+    statement run as Python on ints)."""
+    module = environment().get_template("common/seqlen.j2").module
+    scope = {"offset_q": offset_q, "batch": batch}
+    exec(module.workspace_offset("start", "offset_q", "batch"), {}, scope)
+    return scope["start"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sequence_workspaces_are_disjoint_and_inside_the_buffers(seed):
+    """Every sequence's padded rows (its length rounded up to whole 128-row tiles) lie inside
+    the workspace the host allocates and overlap no other sequence's; same for its semaphores."""
+    rng = random.Random(seed)
+    lengths = [rng.choice([0, 1, 2, 127, 128, 129, rng.randint(0, 3000)]) for _ in range(rng.randint(1, 9))]
+    q = torch.empty(sum(lengths), 3, 64)
+    dq_accum, lse_log2, dpsum, semaphore = varlen_backward._workspace(q, len(lengths), 64)
+    rows = lse_log2.shape[-1]
+    assert dq_accum.shape[-1] == rows * 64 and dpsum.shape[-1] == rows
+    taken, start = [], 0
+    for b, length in enumerate(lengths):
+        first = _template_offset(start, b)
+        last = first + -(-length // 128) * 128
+        assert first % 128 == 0 and last <= rows, (lengths, b)
+        assert last // varlen_backward.MIN_TILE_M <= semaphore.shape[-1]
+        assert all(last <= lo or first >= hi for lo, hi in taken if length), (lengths, b)
+        taken.append((first, last))
+        start += length
+
+
+def test_workspace_is_one_allocation_with_aligned_parts():
+    dq_accum, lse_log2, dpsum, _ = varlen_backward._workspace(torch.empty(300, 4, 128), 5, 128)
+    base = dq_accum.data_ptr()
+    for part in (lse_log2, dpsum):
+        # 512-byte aligned slices of one buffer (the kernels assume at least 16 of dq_accum).
+        assert (part.data_ptr() - base) % 512 == 0
+
+
+def _cpu_call(**changes):
+    spec = resolve_spec("causal_bf16_d128")
+    q = torch.randn(5, 4, 128).to(torch.bfloat16)
+    k = torch.randn(7, 2, 128).to(torch.bfloat16)
+    args = dict(spec=spec, dout=q.clone(), q=q, k=k, v=k.clone(), out=q.clone(), lse=torch.randn(4, 5),
+                cu_seqlens_q=torch.tensor([0, 5], dtype=torch.int32), cu_seqlens_k=torch.tensor([0, 7], dtype=torch.int32),
+                max_seqlen_q=5, max_seqlen_k=7)
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({}, "CUDA"),
+    ({"cu_seqlens_q": torch.tensor([0, 5], dtype=torch.int64)}, "int32"),
+    ({"cu_seqlens_k": torch.tensor([0, 3, 7], dtype=torch.int32)}, "batch \\+ 1"),
+    ({"seqused_k": torch.tensor([1, 2], dtype=torch.int32)}, "one entry per sequence"),
+    ({"max_seqlen_k": -1}, "max_seqlen_k"),
+    ({"q": torch.randn(5, 3, 128).to(torch.bfloat16)}, "multiple of heads"),
+])
+def test_input_errors(changes, message):
+    with pytest.raises(InputError, match=message):
+        backward_varlen(**_cpu_call(**changes))
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("out", torch.zeros(5, 4, 64, dtype=torch.bfloat16), "out must have shape"),
+    ("dout", torch.zeros(5, 4, 128, dtype=torch.float16), "dout has dtype"),
+    ("dout", torch.zeros(4, 4, 128, dtype=torch.bfloat16), "dout must have shape"),
+    ("lse", torch.zeros(4, 5, dtype=torch.float64), "lse must be contiguous float32"),
+    ("lse", torch.zeros(5, 4), "lse must be contiguous float32 of shape \\(4, 5\\)"),
+    ("lse", torch.zeros(5, 4).t(), "lse must be contiguous"),
+    ("lse", torch.zeros(4, 5, device="meta"), "lse is on meta"),
+])
+def test_output_errors(name, value, message):
+    """out, dout and lse as the forward returned them (the checks after the device check)."""
+    args = _cpu_call(**{name: value})
+    with pytest.raises(InputError, match=message):
+        varlen_backward._check_outputs(args["spec"], args["q"], args["out"], args["dout"], args["lse"])
+
+
+def test_refuses_mask_and_sink_expressions():
+    for name in ("document", "prefix_lm", "sink_logit", "attention_sinks"):
+        with pytest.raises(UnsupportedError, match="backward_varlen"):
+            render(resolve_spec(name), "sm_80", "sm80", kind="backward_varlen")
