@@ -6,8 +6,10 @@ Attention over a key set split into parts A and B is recoverable from each part'
 output and LSE: out = (e^L_A out_A + e^L_B out_B) / (e^L_A + e^L_B), lse = log(e^L_A + e^L_B).
 The split-KV forward (fa_gen.inference) writes fp32 partials and merges them with
 `combine_splits`; context-parallel attention merges the results of several devices the same
-way. One CuTe DSL kernel (templates/common/combine.py.j2) serves both, compiled once per (head
-dim, output dtype, arch) and cached like every kernel; sizes and strides are runtime values.
+way. One CuTe DSL template (templates/common/combine.py.j2) serves both, compiled once per (head
+dim, parts dtype, output dtype, variant, arch) and cached like every kernel; sizes and strides
+are runtime values. Two variants: one lane group per (row, head) pair when there are many
+pairs, one CTA per pair sharing its parts among lane groups when there are few (decode).
 """
 
 from __future__ import annotations
