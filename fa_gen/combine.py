@@ -93,8 +93,9 @@ def combine_splits(o_partial: torch.Tensor, lse_partial: torch.Tensor, out: torc
 def merge_attention_states(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (*rows, heads, d) in outs' dtype, lse (*rows, heads) fp32) of S partial results:
     outs (S, *rows, heads, d) fp32/bf16/fp16, each normalised over its own keys; lses
-    (S, *rows, heads) fp32, natural log, -inf where a part saw no key. Rows every part leaves
-    empty get out 0 and lse -inf. Deterministic: parts are summed in a fixed order."""
+    (S, *rows, heads) fp32, natural log, -inf where a part saw no key (its output is weighted by
+    0, so it must be finite, e.g. 0: a branch-free sum keeps the loads batched). Rows every part
+    leaves empty get out 0 and lse -inf. Deterministic: parts are summed in a fixed order."""
     _check_states(outs, lses)
     parts, heads, head_dim = outs.shape[0], outs.shape[-2], outs.shape[-1]
     rows_shape = outs.shape[1:-2]
