@@ -9,7 +9,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fa_gen.autograd import attention, spec_key  # noqa: E402
+from fa_gen.api import attention  # noqa: E402
+from fa_gen.autograd import spec_key  # noqa: E402
 from fa_gen.backward import _workspace, build_backward  # noqa: E402
 from fa_gen.spec_load import load_spec  # noqa: E402
 

@@ -40,7 +40,7 @@ def fa_gen_impl(family: str | None):
         if case.backward:
             # The differentiable path: custom op forward, then the backward kernel of the
             # family that renders one (`family` picks forward kernels only).
-            from fa_gen.autograd import attention
+            from fa_gen.api import attention
 
             return lambda q, k, v: attention(q, k, v, spec)
         kernel = build(spec, family=family)

@@ -19,22 +19,22 @@ def build(spec, arch=None, family=None):
 
 
 def attention(q, k, v, spec, deterministic=None, inputs=None):
-    """`out, lse = attention(q, k, v, spec)`, differentiable; see `fa_gen.runtime.attention`."""
-    from .runtime import attention as _attention
+    """`out, lse = attention(q, k, v, spec)`, differentiable; see `fa_gen.api.attention`."""
+    from .api import attention as _attention
 
     return _attention(q, k, v, spec, deterministic, inputs)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options):
-    """Differentiable attention over a packed (varlen) batch; see `fa_gen.varlen.attention_varlen`."""
-    from .varlen import attention_varlen as _attention_varlen
+    """Differentiable attention over a packed (varlen) batch; see `fa_gen.api.varlen`."""
+    from .api import attention_varlen as _attention_varlen
 
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options)
 
 
 def merge_attention_states(outs, lses):
     """`out, lse = merge_attention_states(outs, lses)`: merge partial results by LSE; see `fa_gen.combine`."""
-    from .combine import merge_attention_states as _merge
+    from .api import merge_attention_states as _merge
 
     return _merge(outs, lses)
 

@@ -7,54 +7,13 @@ Families register themselves in preference order; the first one whose
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .arch_table import ARCHS, ArchInfo, arch_for_capability, arch_info  # noqa: F401 (the registry's names)
 from .errors import UnsupportedError
+from .families import REGISTRY
 from .spec import Spec
 
 
-@dataclass(frozen=True)
-class ArchInfo:
-    name: str
-    compute_capability: tuple[int, int]
-    # Largest dynamic shared memory one block may opt into, in bytes.
-    max_smem_per_block: int
-
-
-ARCHS: dict[str, ArchInfo] = {
-    a.name: a
-    for a in (
-        ArchInfo("sm_75", (7, 5), 64 * 1024),
-        ArchInfo("sm_80", (8, 0), 163 * 1024),
-        ArchInfo("sm_86", (8, 6), 99 * 1024),
-        ArchInfo("sm_89", (8, 9), 99 * 1024),
-        ArchInfo("sm_90a", (9, 0), 227 * 1024),
-        ArchInfo("sm_100a", (10, 0), 227 * 1024),
-        ArchInfo("sm_120a", (12, 0), 99 * 1024),
-    )
-}
-
-
-def arch_info(arch: str) -> ArchInfo:
-    try:
-        return ARCHS[arch]
-    except KeyError:
-        raise UnsupportedError(f"arch {arch!r}", [f"unknown arch; known: {', '.join(ARCHS)}"]) from None
-
-
-def arch_for_capability(major: int, minor: int) -> str:
-    """The compile target for a device of this compute capability."""
-    for info in ARCHS.values():
-        if info.compute_capability == (major, minor):
-            return info.name
-    raise UnsupportedError(f"compute capability {major}.{minor}",
-                           [f"no target known; known: {', '.join(ARCHS)}"])
-
-
 def _families():
-    # Imported lazily: families import this module for ArchInfo.
-    from .families import REGISTRY
-
     return REGISTRY
 
 

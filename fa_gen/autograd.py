@@ -1,5 +1,8 @@
 """fa_gen attention as a differentiable PyTorch op that torch.compile traces without graph breaks.
 
+The ops layer: below the public functions (fa_gen.api), above the kernel runtime (fa_gen.runtime,
+fa_gen.backward, fa_gen.inference), which never import it.
+
 Two custom ops wrap the compiled kernels, and `register_autograd` joins them:
 
     fa_gen::attention_forward(q, k, v, spec_key, deterministic, tensors, scalars) -> (out, lse)
@@ -25,8 +28,12 @@ import os
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from .backward import build_backward
 from .errors import InputError, UnsupportedError
+from .inference import decode_shaped, forward_split
+from .runtime import build, resolve_spec
 from .spec import Spec, spec_by_key
+from .variant.sink_grad import differentiable_inputs, sink_input_gradients
 
 _SPECS: dict[str, Spec] = {}
 # What callers passed (Spec, name, path) -> key: attention() costs a dict lookup, not a YAML parse.
@@ -57,8 +64,6 @@ def spec_key(spec: Spec | str | os.PathLike) -> str:
     memo = spec if isinstance(spec, Spec) else os.fspath(spec)
     key = _KEYS.get(memo)
     if key is None:
-        from .runtime import resolve_spec
-
         key = _KEYS[memo] = register_spec(resolve_spec(spec))
     return key
 
@@ -74,9 +79,6 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec_ke
                       scalars: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse); `deterministic` is only carried to the backward. Decode-shaped calls (a few
     query rows) take the split-KV forward with GQA packing (fa_gen.inference)."""
-    from .inference import decode_shaped, forward_split
-    from .runtime import build
-
     spec = spec_from_key(spec_key)
     inputs = _inputs_by_name(spec, tensors, scalars)
     if decode_shaped(spec, q):
@@ -136,8 +138,6 @@ def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                        tensors: list[torch.Tensor],
                        scalars: list[float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for the upstream gradient `dout` of `out`; the spec's inputs as the forward took them."""
-    from .backward import build_backward
-
     spec = spec_from_key(spec_key)
     # Autograd may hand over a gradient in any layout; the kernel wants aligned rows.
     return build_backward(spec)(dout.contiguous(), q, k, v, out, lse, deterministic,
@@ -169,8 +169,6 @@ def _backward(ctx, dout, dlse):
     spec = spec_from_key(ctx.spec_key)
     if _plain_eager(dout, q, k, v, out, lse, *tensors):
         # Eager autograd on plain tensors: the op's own body, without the dispatcher's round trip.
-        from .backward import build_backward
-
         dq, dk, dv = build_backward(spec)(dout, q, k, v, out, lse, ctx.deterministic,
                                           inputs=_inputs_by_name(spec, tensors, ctx.scalars))
     else:
@@ -193,8 +191,6 @@ def no_gradient(value):
 
 def _input_gradients(key: str, needs_grad, tensors, scalars, out, dout, lse, seqlen_k) -> list:
     """One gradient (or None where none is wanted) per tensor input, in declared order."""
-    from .variant.sink_grad import sink_input_gradients
-
     spec = spec_from_key(key)
     decls = [d for d in spec.inputs if not d.is_scalar]
     wanted = {d.name for d, needed in zip(decls, needs_grad) if needed}
@@ -209,8 +205,6 @@ def _input_gradients(key: str, needs_grad, tensors, scalars, out, dout, lse, seq
 def differentiable_input_names(key: str) -> tuple[str, ...]:
     """The inputs of the spec registered under `key` whose gradient the backward gives
     (fa_gen.variant.sink_grad); torch.compile keeps the answer as a constant."""
-    from .variant.sink_grad import differentiable_inputs
-
     return tuple(sorted(differentiable_inputs(spec_from_key(key))))
 
 
@@ -234,28 +228,3 @@ def _plain_eager(*tensors) -> bool:
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike,
-              deterministic: bool | None = None, inputs=None):
-    """Differentiable attention: `out, lse` (or `out` when the spec has return_lse false).
-
-    deterministic: a backward with no order-dependent atomics (bitwise reproducible);
-    None follows `torch.are_deterministic_algorithms_enabled()`.
-    inputs: name -> tensor or number for the spec's declared inputs. Float tensors read by the
-    sink expression alone may require grad (they get one); any other that does is an error.
-    """
-    # A Spec's key is a field read (a constant under torch.compile); passing the Spec object to
-    # spec_key would make torch.compile reconstruct it, which torch 2.11 cannot do.
-    key = spec.canonical if isinstance(spec, Spec) else spec_key(spec)
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    declared = spec_from_key(key)
-    tensors, scalars = _inputs_as_lists(declared, inputs) if inputs or declared.inputs else ([], [])
-    if torch.is_grad_enabled():
-        decls = [d for d in declared.inputs if not d.is_scalar]
-        wanted = [d.name for d, t in zip(decls, tensors) if t.requires_grad]
-        if wanted:
-            _refuse_gradients(declared, wanted, differentiable_input_names(key))
-    out, lse = attention_forward(q, k, v, key, bool(deterministic), tensors, scalars)
-    return (out, lse) if returns_lse(key) else out

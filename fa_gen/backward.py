@@ -17,13 +17,12 @@ import os
 
 import torch
 
-from .archs import family_named
 from .backward_plan import BackwardPlan, make_backward_plan
-from .errors import InputError, UnsupportedError
+from .errors import InputError
 from .plan import memoised_plan
-from .runtime import CompiledKernel, _check_shapes, _check_strides, current_arch, load_kernel_function
-from .runtime import resolve_spec
+from .runtime import CompiledKernel, _check_shapes, _check_strides, current_arch, load_target, resolve_spec
 from .spec import Spec
+from .target import resolve_target
 
 # Workspace rows are padded to a multiple of this (every backward tile_m divides it), and the
 # per-query-tile semaphores are sized for the smallest tile_m any family uses.
@@ -84,7 +83,7 @@ class Backward(CompiledKernel):
         """(tile_m, tile_n) of this backward kernel (its render context): what a mask is classified for."""
         if self.spec.mask_expr is None:
             return (0, 0)
-        tiles = family_named(self.info.family).kind_context(self.spec, self.arch, KIND)["bwd"]
+        tiles = self.family.kind_context(self.spec, self.arch, KIND)["bwd"]
         return tiles["tile_m"], tiles["tile_n"]
 
     def _check(self, dout, q, k, v, out, lse) -> None:
@@ -139,16 +138,7 @@ def backward_family(spec: Spec, arch: str) -> str:
     """The first family, in the registry's preference order, that serves (spec, arch) and renders
     a backward kernel for it: a family without one, or whose backward refuses the spec (Hopper's
     above head dim 128), leaves the backward to the next."""
-    from .families import REGISTRY
-
-    reasons = []
-    for family in REGISTRY:
-        problems = family.can_implement(spec, arch)
-        if not problems and KIND in family.kernel_files(spec):
-            return family.name
-        why_not = problems or family.kind_reasons(spec, KIND) or ["renders no backward kernel"]
-        reasons.extend(f"{family.name}: {p}" for p in why_not)
-    raise UnsupportedError(f"backward of spec {spec.name!r} on {arch}", reasons)
+    return resolve_target(spec, arch, KIND).family.name
 
 
 _BACKWARDS: dict[tuple[object, str, str | None], Backward] = {}
@@ -162,7 +152,6 @@ def build_backward(spec: Spec | str | os.PathLike, arch: str | None = None, fami
     backward = _BACKWARDS.get(memo_key)
     if backward is None:
         resolved = resolve_spec(spec)
-        family_name = family or backward_family(resolved, arch)
-        function, info = load_kernel_function(resolved, arch, family_name, kind=KIND)
+        function, info = load_target(resolve_target(resolved, arch, KIND, family))
         backward = _BACKWARDS[memo_key] = Backward(resolved, arch, function, info)
     return backward

@@ -23,6 +23,7 @@ from .backends import get_backend
 from .cache import CacheKey, default_cache
 from .errors import InputError
 from .render import environment
+from .runtime import current_arch
 from .version import __version__
 
 TEMPLATE = "common/combine.py.j2"
@@ -83,8 +84,6 @@ def combine_splits(o_partial: torch.Tensor, lse_partial: torch.Tensor, out: torc
     into `out` (rows, heads, d) and `lse` (heads, rows), in place. The split forward's internal
     contract: shapes and alignment are not re-checked here. `slices` pins the kernel variant
     (tests); None picks it from the shapes."""
-    from .runtime import current_arch
-
     parts, rows, heads, head_dim = o_partial.shape
     slices = slices or slices_for(rows * heads, parts, head_dim, o_partial.dtype)
     combine_kernel(head_dim, out.dtype, current_arch(), o_partial.dtype, slices)(o_partial, lse_partial, out, lse)

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import archs
+from .combine import combine_splits
 from .errors import InputError, UnsupportedError
 from .plan import bind_arguments
-from .runtime import _check_strides, _TORCH_DTYPES, current_arch, load_kernel_function
+from .runtime import _check_strides, _TORCH_DTYPES, current_arch, load_target
 from .families.sm80 import GQA_PACKS
 from .spec import Spec
+from .target import resolve_target
 
 # Most splits one call uses (each writes rows * heads * d_v fp32 partials).
 MAX_SPLITS = 128
@@ -58,24 +59,11 @@ class InferenceKernel:
 @functools.lru_cache(maxsize=None)
 def inference_kernel(spec: Spec, arch: str, kind: str) -> InferenceKernel:
     """Render, compile (or load) the `kind` forward of the first family that renders it."""
-    family = _family_for_kind(spec, arch, kind)
-    function, info = load_kernel_function(spec, arch, family.name, kind=kind)
-    context = family.kind_context(spec, arch, kind)
-    tile = context.get("tile") or family.render_context(spec, arch)["tile"]
-    return InferenceKernel(spec, arch, family.name, kind, function, tile["tile_m"], tile["tile_n"],
-                           context.get("ctas_per_sm", 1))
-
-
-def _family_for_kind(spec: Spec, arch: str, kind: str):
-    from .families import REGISTRY
-
-    reasons = []
-    for family in REGISTRY:
-        problems = family.can_implement(spec, arch)
-        if not problems and kind in family.call_kinds(spec):
-            return family
-        reasons.extend(f"{family.name}: {p}" for p in problems or [f"renders no {kind} kernel for this spec"])
-    raise UnsupportedError(f"{kind} of spec {spec.name!r} on {arch}", reasons)
+    target = resolve_target(spec, arch, kind)
+    function, _ = load_target(target)
+    context = target.context()
+    return InferenceKernel(spec, arch, target.family.name, kind, function, context["tile"]["tile_m"],
+                           context["tile"]["tile_n"], context.get("ctas_per_sm", 1))
 
 
 def num_splits_for(tiles: int, key_tiles: int, num_sms: int, ctas_per_sm: int = 1) -> int:
@@ -191,9 +179,7 @@ def gqa_pack(spec: Spec, arch: str, kind: str, group: int, seqlen_q: int, wanted
 
 
 def _combine():
-    # The combine kernel (fa_gen.combine), imported on first use.
-    from .combine import combine_splits
-
+    """The combine of split partials (a seam: ad hoc checks swap in a torch stand-in)."""
     return combine_splits
 
 
@@ -282,4 +268,8 @@ def _check_varlen(spec: Spec, q, k, v, cu_q, cu_k, used_k, max_seqlen_q, max_seq
 @functools.lru_cache(maxsize=None)
 def supports(spec: Spec, arch: str, kind: str) -> bool:
     """Whether some family renders the `kind` forward of `spec` on `arch`."""
-    return any(not f.can_implement(spec, arch) and kind in f.call_kinds(spec) for f in archs._families())
+    try:
+        resolve_target(spec, arch, kind)
+    except UnsupportedError:
+        return False
+    return True

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import jinja2
 
-from . import archs as archs_mod
-from .errors import UnsupportedError
 from .paths import templates_dir
 from .spec import Spec
+from .target import Target, resolve_target
 from .version import __version__
 
 
@@ -41,16 +40,13 @@ def environment() -> jinja2.Environment:
 
 
 def render(spec: Spec, arch: str, family_name: str | None = None, kind: str = "forward") -> RenderedSource:
-    """Render the `kind` kernel of `spec` for `arch` with the family that serves it
+    """Render the `kind` kernel of `spec` for `arch` with the first family that renders it
     (or with the family named `family_name`)."""
-    family = archs_mod.family_for(spec, arch, family_name)
-    files = {**family.kernel_files(spec), **family.call_kinds(spec)}
-    if kind not in files:
-        raise UnsupportedError(f"{kind} kernel of spec {spec.name!r} on {arch}",
-                                         [f"family {family.name} renders only {', '.join(files)}"])
-    template_name, filename = files[kind]
-    context = family.render_context(spec, arch)
-    context.update(family.kind_context(spec, arch, kind))
-    context.update(spec=spec, arch=arch, family=family.name, kind=kind, fa_gen_version=__version__)
-    template = environment().get_template(f"{family.name}/{template_name}")
-    return RenderedSource(family.name, arch, filename, template.render(**context))
+    return render_target(resolve_target(spec, arch, kind, family_name))
+
+
+def render_target(target: Target) -> RenderedSource:
+    """The source of `target`'s kernel, from its family's template and context."""
+    template_path, filename = target.files
+    text = environment().get_template(template_path).render(**target.context(), fa_gen_version=__version__)
+    return RenderedSource(target.family.name, target.arch, filename, text)

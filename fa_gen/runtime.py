@@ -21,9 +21,10 @@ from .backends import get_backend
 from .cache import CacheKey, default_cache
 from .errors import InputError, UnsupportedError
 from .plan import CallPlan, make_plan, memoised_plan
-from .render import render
+from .render import render_target
 from .spec import DType, Spec
 from .spec_load import load_spec
+from .target import Target, resolve_target
 
 _TORCH_DTYPES = {DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
 # Strides (in elements) must keep every 128-bit vector load aligned.
@@ -40,6 +41,7 @@ class BuildInfo:
     source_filename: str
     seconds: float
     compiled: bool   # False when the object came from the disk or memory cache
+    target: Target | None = None  # what was built (None: a BuildInfo made by hand, family by name)
 
 
 class CompiledKernel:
@@ -49,11 +51,20 @@ class CompiledKernel:
         self.spec = spec
         self.arch = arch
         self.info = info
+        # The family that rendered this kernel, decided when its Target was resolved (None for
+        # a kernel object made by hand without a build, as tests of the input checks do).
+        self.family = _family_of(info)
         self._function = function
         self._dtype = _TORCH_DTYPES[spec.dtype]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec.name!r}, arch={self.arch!r}, family={self.info.family!r})"
+
+
+def _family_of(info: BuildInfo | None):
+    if info is None:
+        return None
+    return info.target.family if info.target is not None else archs.family_named(info.family)
 
 
 class Kernel(CompiledKernel):
@@ -65,7 +76,7 @@ class Kernel(CompiledKernel):
         self._plans: dict[tuple, CallPlan] = {}
         # Other forward kernels of the family, for calls no longer than their seqlen bound
         # (Family.forward_variants): [(max_seqlen, kind)], shortest first; loaded on first use.
-        self._variants = archs.family_named(info.family).forward_variants(spec, arch)
+        self._variants = self.family.forward_variants(spec, arch)
         self._variant_functions: dict[str, object] = {}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs=None):
@@ -130,7 +141,7 @@ class Kernel(CompiledKernel):
     def _variant_function(self, kind: str):
         function = self._variant_functions.get(kind)
         if function is None:
-            function, _ = load_kernel_function(self.spec, self.arch, self.info.family, kind=kind)
+            function, _ = load_target(Target(self.spec, self.arch, self.family, kind))
             self._variant_functions[kind] = function
         return function
 
@@ -147,7 +158,7 @@ class Kernel(CompiledKernel):
         """(tile_m, tile_n) of this kernel's forward: what the mask classification is made for."""
         if self.spec.mask_expr is None:
             return (0, 0)
-        return archs.family_named(self.info.family).forward_tiles(self.spec, self.arch)
+        return self.family.forward_tiles(self.spec, self.arch)
 
     def _plan_for_call(self, q: torch.Tensor, k: torch.Tensor, inputs) -> CallPlan:
         return memoised_plan(self._plans, self.spec, q, k, inputs,
@@ -249,13 +260,19 @@ def _build_uncached(spec: Spec, arch: str, family_name: str | None) -> Kernel:
 
 
 def load_kernel_function(spec: Spec, arch: str, family_name: str | None = None, kind: str = "forward"):
-    """Render, then compile or load from the cache, the `kind` kernel: (callable, BuildInfo)."""
+    """Render, then compile or load from the cache, the `kind` kernel of the family called
+    `family_name` or else the first that renders it: (callable, BuildInfo)."""
+    return load_target(resolve_target(spec, arch, kind, family_name))
+
+
+def load_target(target: Target):
+    """Render `target`, then compile it or load it from the cache: (callable, BuildInfo)."""
+    spec, arch, family, kind = target.spec, target.arch, target.family, target.kind
     if arch not in spec.archs:
         raise UnsupportedError(f"spec {spec.name!r} on {arch}",
                                [f"the spec targets {', '.join(spec.archs)}; add {arch} to its archs"])
-    family = archs.family_for(spec, arch, family_name)
     backend = get_backend(family.backend)
-    rendered = render(spec, arch, family.name, kind)
+    rendered = render_target(target)
     _dump_source(spec, rendered)
     key = CacheKey.for_source(uri=f"{spec.name}_{kind}", arch=arch, kind=kind, source=rendered.text,
                               fields={"spec": spec.canonical_json(), "family": family.name,
@@ -270,7 +287,7 @@ def load_kernel_function(spec: Spec, arch: str, family_name: str | None = None, 
     )
     info = BuildInfo(arch=arch, family=family.name, entry_dir=cache.stats.last_entry,
                      source_filename=rendered.filename, seconds=time.perf_counter() - start,
-                     compiled=cache.stats.builds > builds_before)
+                     compiled=cache.stats.builds > builds_before, target=target)
     return function, info
 
 
@@ -280,18 +297,3 @@ def _dump_source(spec: Spec, rendered) -> None:
         target = Path(dump_dir) / spec.name / rendered.arch
         target.mkdir(parents=True, exist_ok=True)
         (target / rendered.filename).write_text(rendered.text)
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike,
-              deterministic: bool | None = None, inputs=None):
-    """One-liner: `out, lse = fa_gen.attention(q, k, v, spec="causal_bf16_d128")`.
-
-    Differentiable, and traceable by torch.compile(fullgraph=True): it goes through the
-    `fa_gen::attention_forward` custom op (see fa_gen.autograd). `deterministic` makes the
-    backward bitwise reproducible; None follows torch.are_deterministic_algorithms_enabled().
-    `build(spec)(q, k, v)` stays the raw path, with the least per-call overhead. `inputs`: the
-    spec's declared inputs by name (fa_gen.variant), e.g. `inputs={"softcap": 30.0}`.
-    """
-    from .autograd import attention as attention_op
-
-    return attention_op(q, k, v, spec, deterministic, inputs)

@@ -19,7 +19,6 @@ left empty, without asking the families): enough for the reference and the tests
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -30,6 +29,8 @@ import yaml
 
 from . import archs as archs_mod
 from .errors import SpecError
+from .spec_text import did_you_mean as _did_you_mean, is_int as _is_int, not_allowed as _not_allowed
+from .spec_text import show as _show, show_typed as _show_typed, type_name as _type_name
 from .families import REGISTRY
 from .spec import Alignment, DType, MaskKind, Spec
 from .variant import spec_fields
@@ -257,56 +258,7 @@ class _Node:
                 raise self.error(key, f"required key is missing (allowed keys: {', '.join(allowed)})")
 
 
-def _show(value) -> str:
-    """A value much as the user wrote it (YAML flow style), short enough for one line."""
-    text = _flow(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _flow(value, nested: bool = False) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, str):
-        # Quoted at top level so '128' (a string) reads differently from 128; bare inside {} and [].
-        return value if nested else repr(value)
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{_flow(k, True)}: {_flow(v, True)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_flow(item, True) for item in value) + "]"
-    return repr(value)
-
-
-def _type_name(value) -> str:
-    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a float"),
-                       (str, "a string"), (Mapping, "a mapping"), (list, "a list")):
-        if isinstance(value, kind):
-            return name
-    return type(value).__name__
-
-
-def _show_typed(value) -> str:
-    """`'128' (a string)`: the type is what is wrong, so say it."""
-    return "null" if value is None else f"{_show(value)} ({_type_name(value)})"
-
-
-def _did_you_mean(value, allowed) -> str:
-    if not isinstance(value, str):
-        return ""
-    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _not_allowed(value, allowed) -> str:
-    return f"{_show(value)} is not allowed{_did_you_mean(value, allowed)}; allowed: {', '.join(allowed)}"
-
-
 # --- fields ----------------------------------------------------------------------------------------
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # bool is an int in Python
-
 
 def _expect_int(node: _Node, key, what: str) -> int:
     value = node.data[key]

@@ -1,4 +1,5 @@
-"""Variable-length (packed) attention as a differentiable PyTorch op: `fa_gen.attention_varlen`.
+"""Variable-length (packed) attention as a differentiable PyTorch op, behind `fa_gen.attention_varlen`
+(fa_gen.api.varlen); the ops layer, as fa_gen.autograd is.
 
     out, lse = fa_gen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                        spec="causal_bf16_d128")
@@ -23,15 +24,12 @@ Two custom ops, joined by `register_autograd` as fa_gen::attention_forward/backw
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
-from .autograd import (_inputs_as_lists, _inputs_by_name, _plain_eager, no_gradient, spec_from_key, spec_key)
-from .errors import UnsupportedError
+from .autograd import _inputs_by_name, _plain_eager, no_gradient, spec_from_key
 from .inference import forward_varlen
-from .spec import Spec
 from .varlen_backward import backward_varlen
 
 
@@ -107,30 +105,3 @@ def _backward(ctx, dout, dlse):
 
 
 attention_varlen_forward.register_autograd(_backward, setup_context=_setup_context)
-
-
-def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                     spec: Spec | str | os.PathLike, seqused_k: torch.Tensor | None = None,
-                     deterministic: bool | None = None, inputs=None, num_splits: int = 0,
-                     pack_gqa: bool | None = None):
-    """Differentiable attention over a packed batch: `out, lse` (or `out` when the spec has
-    return_lse false); see the module docstring for the layouts.
-
-    max_seqlen_q / max_seqlen_k: host ints, at least the longest sequence (they size the grid).
-    num_splits: key splits per query tile (0: chosen from the shapes and the SM count).
-    pack_gqa: put the query heads of one KV head on a tile's rows (None: when seqlen_q is short).
-    deterministic: a bitwise-reproducible backward; None follows torch's deterministic flag.
-    """
-    key = spec.canonical if isinstance(spec, Spec) else spec_key(spec)
-    declared = spec_from_key(key)
-    tensors, scalars = _inputs_as_lists(declared, inputs) if inputs or declared.inputs else ([], [])
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise UnsupportedError(f"gradient of spec {declared.name!r}'s tensor inputs in attention_varlen", [
-            "the varlen backward gives dq, dk and dv only; detach the input (or pass it with requires_grad=False)"])
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
-                                        int(max_seqlen_k), key, bool(deterministic), int(num_splits),
-                                        -1 if pack_gqa is None else int(bool(pack_gqa)), tensors, scalars)
-    return (out, lse) if declared.return_lse else out

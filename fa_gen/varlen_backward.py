@@ -17,8 +17,9 @@ import torch
 
 from .errors import InputError
 from .inference import _check_tensor, _check_varlen, _varlen_extra_arguments
-from .runtime import current_arch, load_kernel_function
+from .runtime import current_arch, load_target
 from .spec import Spec
+from .target import resolve_target
 
 KIND = "backward_varlen"
 FAMILY = "sm80"
@@ -36,7 +37,7 @@ def backward_varlen(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
     docstring); `deterministic` makes them bitwise reproducible."""
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     _check_outputs(spec, q, out, dout, lse)
-    function, _ = load_kernel_function(spec, arch or current_arch(), FAMILY, kind=KIND)
+    function, _ = load_target(resolve_target(spec, arch or current_arch(), KIND, FAMILY))
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     batch = cu_seqlens_q.shape[0] - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:

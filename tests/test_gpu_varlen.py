@@ -133,7 +133,7 @@ lengths_strategy = st.lists(
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data(), lengths=lengths_strategy, seed=st.integers(0, 2**31 - 1))
 def test_varlen_matches_reference_per_sequence(arch, data, lengths, seed):
-    from fa_gen.varlen import attention_varlen
+    from fa_gen.api import attention_varlen
 
     spec = data.draw(st.sampled_from(SPECS), label="spec")
     heads_kv = data.draw(st.integers(1, 3), label="heads_kv")
@@ -179,7 +179,7 @@ def test_fixed_length_split(arch, name, num_splits, pack):
 def test_one_kernel_for_every_batch_composition_and_no_host_sync(arch):
     """New lengths neither compile anything nor synchronise with the device."""
     from fa_gen.cache import default_cache
-    from fa_gen.varlen import attention_varlen
+    from fa_gen.api import attention_varlen
 
     spec = SPECS[1]
     generator = torch.Generator(device="cuda").manual_seed(7)
@@ -222,7 +222,7 @@ def _check_gradients(spec, lengths, heads, seed, deterministic=False):
     is twice a same-precision PyTorch autograd's own error plus one rounding step at the magnitude
     of the sequence's gradients. Deterministic mode: a second run must be bitwise equal."""
     from fa_gen.reference import attention_reference, attention_same_precision
-    from fa_gen.varlen import attention_varlen
+    from fa_gen.api import attention_varlen
 
     generator = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, cu_q, cu_k = _packed(spec, lengths, heads, generator)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from ..archs import arch_info
+from ..arch_table import arch_info
 from ..spec import DType, Spec
 from .base import Family, dtype_and_head_dim_reasons
 from .warp_tiles import smem_atom_cols, tile_reasons

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..archs import arch_info
+from ..arch_table import arch_info
 from ..spec import Spec
 from .expressions import backward_expression_context
 

@@ -4,7 +4,7 @@ and tiles that fit the arch's shared memory."""
 
 from __future__ import annotations
 
-from ..archs import arch_info
+from ..arch_table import arch_info
 from ..spec import Spec
 
 

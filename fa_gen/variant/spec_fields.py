@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from .. import spec_load as sl
+from ..spec_text import is_int, not_allowed, show, show_typed
 from .inputs import SCALAR_TYPES, TENSOR_DTYPES, InputDecl
 from .language import SHAPE_SYMBOLS, Role, reserved_names
 from .parse import ExprError, canonical, names_written, parse
@@ -35,7 +35,7 @@ def read_inputs(top) -> tuple[InputDecl, ...]:
     if not isinstance(value, Mapping) or not value:
         raise top.error("inputs", "expected a mapping of input name -> declaration, e.g. "
                                   "{slopes: {shape: [heads_q], dtype: float32}, window: {scalar: int, default: 256}}; "
-                                  f"got {sl._show_typed(value)}")
+                                  f"got {show_typed(value)}")
     node = top.child("inputs")
     node.check_keys(tuple(value))  # duplicates only: every name is allowed here
     return tuple(sorted((_input(node, name) for name in value), key=lambda d: d.name))
@@ -44,7 +44,7 @@ def read_inputs(top) -> tuple[InputDecl, ...]:
 def _input(node, name) -> InputDecl:
     if not isinstance(name, str) or not re.fullmatch(INPUT_NAME_PATTERN, name) or name in reserved_names():
         why = "is a built-in name or keyword" if name in reserved_names() else "is not a valid name"
-        raise node.error(name, f"{sl._show(name)} {why}; an input is named with lowercase letters, digits "
+        raise node.error(name, f"{show(name)} {why}; an input is named with lowercase letters, digits "
                                "and _ (not b, h, q_idx, kv_idx, seqlen_q, seqlen_k, heads_q, score, a function "
                                "name or a shape symbol)")
     value = node.data[name]
@@ -53,7 +53,7 @@ def _input(node, name) -> InputDecl:
     if isinstance(value, Mapping) and "shape" in value:
         return _tensor_input(node.child(name), name)
     raise node.error(name, f"expected {{shape: [...], dtype: ...}} for a tensor or {{scalar: int|float, "
-                           f"default: ...}} for a scalar; got {sl._show_typed(value)}")
+                           f"default: ...}} for a scalar; got {show_typed(value)}")
 
 
 def _tensor_input(node, name: str) -> InputDecl:
@@ -69,7 +69,7 @@ def _shape(node) -> tuple:
     value = node.data["shape"]
     allowed = f"a list of sizes, each one of {', '.join(SHAPE_SYMBOLS)} or an integer >= 1"
     if not isinstance(value, (list, tuple)) or not value:
-        shown = sl._show_typed(value) if value else "an empty list"
+        shown = show_typed(value) if value else "an empty list"
         raise node.error("shape", f"expected {allowed}; got {shown}")
     lines = getattr(value, "item_lines", None)
     for index, size in enumerate(value):
@@ -78,8 +78,8 @@ def _shape(node) -> tuple:
         if isinstance(size, str) and size in SHAPE_SYMBOLS:
             if size in value[:index]:
                 raise node.error(field, f"{size} appears twice; each shape symbol may appear once", line=line)
-        elif not (sl._is_int(size) and size >= 1):
-            raise node.error(field, f"{sl._not_allowed(size, SHAPE_SYMBOLS)} or an integer >= 1", line=line)
+        elif not (is_int(size) and size >= 1):
+            raise node.error(field, f"{not_allowed(size, SHAPE_SYMBOLS)} or an integer >= 1", line=line)
     return tuple(value)
 
 
@@ -100,17 +100,17 @@ def _choice(node, key, allowed: tuple[str, ...]) -> str:
     value = node.data[key]
     if isinstance(value, str) and value in allowed:
         return value
-    raise node.error(key, sl._not_allowed(value, allowed))
+    raise node.error(key, not_allowed(value, allowed))
 
 
 def _bound(node, key, *, integer: bool, as_float: bool = False):
     if key not in node.data:
         return None
     value = node.data[key]
-    number = sl._is_int(value) or (not integer and isinstance(value, float) and math.isfinite(value))
+    number = is_int(value) or (not integer and isinstance(value, float) and math.isfinite(value))
     if not number:
         what = "an integer" if integer else "a finite number"
-        raise node.error(key, f"expected {what}, got {sl._show_typed(value)}")
+        raise node.error(key, f"expected {what}, got {show_typed(value)}")
     return float(value) if as_float else value
 
 
@@ -127,7 +127,7 @@ def read_expr_mapping(top, key: str, role: Role, inputs: tuple[InputDecl, ...]) 
         return None
     value = top.data[key]
     if not isinstance(value, Mapping):
-        raise top.error(key, f"expected a mapping {{expr: \"...\"}}, got {sl._show_typed(value)}")
+        raise top.error(key, f"expected a mapping {{expr: \"...\"}}, got {show_typed(value)}")
     node = top.child(key)
     node.check_keys(EXPR_KEYS, EXPR_KEYS)
     return read_expr(node, role, inputs)
@@ -137,7 +137,7 @@ def read_expr(node, role: Role, inputs: tuple[InputDecl, ...]) -> str:
     """The `expr` of `node`, parsed and checked; errors point at the line and column."""
     text = node.data["expr"]
     if not isinstance(text, str) or not text.strip():
-        shown = "an empty string" if isinstance(text, str) else sl._show_typed(text)
+        shown = "an empty string" if isinstance(text, str) else show_typed(text)
         raise node.error("expr", f"expected an expression (a string), got {shown}")
     try:
         parse(text, role, inputs)

@@ -1,0 +1,41 @@
+"""`fa_gen.attention`: differentiable attention of one spec on (batch, seqlen, heads, dim) tensors."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .. import autograd
+from ..autograd import _inputs_as_lists, _refuse_gradients, attention_forward, differentiable_input_names
+from ..autograd import returns_lse, spec_from_key
+from ..spec import Spec
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike,
+              deterministic: bool | None = None, inputs=None):
+    """Differentiable attention: `out, lse = fa_gen.attention(q, k, v, spec="causal_bf16_d128")`
+    (or `out` when the spec has return_lse false). Traceable by torch.compile(fullgraph=True):
+    it goes through the `fa_gen::attention_forward` custom op (fa_gen.autograd); decode-shaped
+    calls take the split-KV forward. `fa_gen.build(spec)(q, k, v)` stays the raw path, with the
+    least per-call overhead.
+
+    deterministic: a backward with no order-dependent atomics (bitwise reproducible);
+    None follows `torch.are_deterministic_algorithms_enabled()`.
+    inputs: name -> tensor or number for the spec's declared inputs. Float tensors read by the
+    sink expression alone may require grad (they get one); any other that does is an error.
+    """
+    # A Spec's key is a field read (a constant under torch.compile); passing the Spec object to
+    # spec_key would make torch.compile reconstruct it, which torch 2.11 cannot do.
+    key = spec.canonical if isinstance(spec, Spec) else autograd.spec_key(spec)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    declared = spec_from_key(key)
+    tensors, scalars = _inputs_as_lists(declared, inputs) if inputs or declared.inputs else ([], [])
+    if torch.is_grad_enabled():
+        decls = [d for d in declared.inputs if not d.is_scalar]
+        wanted = [d.name for d, t in zip(decls, tensors) if t.requires_grad]
+        if wanted:
+            _refuse_gradients(declared, wanted, differentiable_input_names(key))
+    out, lse = attention_forward(q, k, v, key, bool(deterministic), tensors, scalars)
+    return (out, lse) if returns_lse(key) else out
