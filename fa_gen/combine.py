@@ -6,8 +6,10 @@ Attention over a key set split into parts A and B is recoverable from each part'
 output and LSE: out = (e^L_A out_A + e^L_B out_B) / (e^L_A + e^L_B), lse = log(e^L_A + e^L_B).
 The split-KV forward (fa_gen.inference) writes fp32 partials and merges them with
 `combine_splits`; context-parallel attention merges the results of several devices the same
-way. One CuTe DSL kernel (templates/common/combine.py.j2) serves both, compiled once per (head
-dim, output dtype, arch) and cached like every kernel; sizes and strides are runtime values.
+way. One CuTe DSL template (templates/common/combine.py.j2) serves both, compiled once per (head
+dim, parts dtype, output dtype, variant, arch) and cached like every kernel; sizes and strides
+are runtime values. Two variants: one lane group per (row, head) pair when there are many
+pairs, one CTA per pair sharing its parts among lane groups when there are few (decode).
 """
 
 from __future__ import annotations
@@ -27,44 +29,72 @@ from .version import __version__
 TEMPLATE = "common/combine.py.j2"
 HEAD_DIMS = (64, 96, 128, 192, 256, 512)
 _DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
-# Threads a CTA aims for (whole groups of head_dim / 4 lanes, whole warps).
-_THREADS = 256
+# Threads a CTA aims for: whole lane groups (head_dim / columns-per-lane threads each).
+_THREADS = 128
+# Threads a sliced CTA (one pair) aims for.
+_SLICED_THREADS = 256
+# One lane group per pair once there are this many threads: 4 unrolled 128-bit loads each keep
+# ~4 MB in flight, more than an H200's bandwidth-latency product (~4.8 TB/s * 1 us). Fewer
+# pairs (decode) share each pair's parts among slices of lanes.
+_ENOUGH_THREADS = 1 << 16
 
 
-def render_combine(head_dim: int, dtype: torch.dtype) -> str:
-    """The combine kernel's source for outputs of `dtype` with `head_dim` columns."""
-    lanes = head_dim // 4
-    groups = max(1, _THREADS // lanes)
-    while groups * lanes % 32:
-        groups += 1
-    return environment().get_template(TEMPLATE).render(head_dim=head_dim, dtype_name=_DTYPES[dtype], groups=groups,
-                                                       fa_gen_version=__version__)
+def _lanes(head_dim: int, in_dtype: torch.dtype) -> int:
+    """Threads per pair group: each lane loads 16 bytes of a part's row."""
+    return head_dim // (16 // in_dtype.itemsize)
+
+
+def render_combine(head_dim: int, dtype: torch.dtype, in_dtype: torch.dtype = torch.float32, slices: int = 1) -> str:
+    """The combine kernel's source: parts of `in_dtype`, outputs of `dtype`, `head_dim` columns,
+    each pair's parts shared by `slices` lane groups."""
+    lanes = _lanes(head_dim, in_dtype)
+    pairs = 1 if slices > 1 else max(1, _THREADS // lanes)
+    return environment().get_template(TEMPLATE).render(
+        head_dim=head_dim, dtype_name=_DTYPES[dtype], in_dtype_name=_DTYPES[in_dtype], pairs=pairs, slices=slices,
+        fa_gen_version=__version__)
+
+
+def slices_for(pairs: int, parts: int, head_dim: int, in_dtype: torch.dtype) -> int:
+    """Lane groups per pair: 1 when the pairs alone give enough threads or there are few parts,
+    else as many as fill _SLICED_THREADS (one sliced variant per head dim and dtypes, not one
+    per split count: slices left without a part only cost a barrier)."""
+    lanes = _lanes(head_dim, in_dtype)
+    if pairs * lanes >= _ENOUGH_THREADS or parts < 4:
+        return 1
+    return max(1, _SLICED_THREADS // lanes)
 
 
 @functools.lru_cache(maxsize=None)
-def combine_kernel(head_dim: int, dtype: torch.dtype, arch: str):
-    """The compiled combine for (head_dim, dtype) on `arch`, from the cache or built."""
+def combine_kernel(head_dim: int, dtype: torch.dtype, arch: str, in_dtype: torch.dtype = torch.float32,
+                   slices: int = 1):
+    """The compiled combine for (head_dim, dtype, in_dtype, slices) on `arch`, from the cache or built."""
     backend = get_backend("cute_dsl")
-    source = render_combine(head_dim, dtype)
-    key = CacheKey.for_source(uri=f"combine_d{head_dim}_{_DTYPES[dtype]}", arch=arch, kind="combine", source=source,
+    source = render_combine(head_dim, dtype, in_dtype, slices)
+    uri = f"combine_d{head_dim}_{_DTYPES[in_dtype]}_{_DTYPES[dtype]}_s{slices}"
+    key = CacheKey.for_source(uri=uri, arch=arch, kind="combine", source=source,
                               fields={"backend": "cute_dsl", "options": backend.compile_options(arch)})
     return default_cache().get_or_build(
         key, source, build=lambda text, path: backend.compile_to_object(text, arch, path, label="combine"),
         load=backend.load_object)
 
 
-def combine_splits(o_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Merge o_partial (S, rows, heads, d) fp32 and lse_partial (S, heads, rows) into `out`
-    (rows, heads, d) and `lse` (heads, rows), in place. The split forward's internal contract:
-    shapes are not re-checked here."""
-    combine_kernel(out.shape[-1], out.dtype, current_arch())(o_partial, lse_partial, out, lse)
+def combine_splits(o_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   slices: int | None = None) -> None:
+    """Merge o_partial (S, rows, heads, d) fp32 (or out's dtype) and lse_partial (S, heads, rows)
+    into `out` (rows, heads, d) and `lse` (heads, rows), in place. The split forward's internal
+    contract: shapes and alignment are not re-checked here. `slices` pins the kernel variant
+    (tests); None picks it from the shapes."""
+    parts, rows, heads, head_dim = o_partial.shape
+    slices = slices or slices_for(rows * heads, parts, head_dim, o_partial.dtype)
+    combine_kernel(head_dim, out.dtype, current_arch(), o_partial.dtype, slices)(o_partial, lse_partial, out, lse)
 
 
 def merge_attention_states(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (*rows, heads, d) in outs' dtype, lse (*rows, heads) fp32) of S partial results:
     outs (S, *rows, heads, d) fp32/bf16/fp16, each normalised over its own keys; lses
-    (S, *rows, heads) fp32, natural log, -inf where a part saw no key. Rows every part leaves
-    empty get out 0 and lse -inf. Deterministic: parts are summed in order."""
+    (S, *rows, heads) fp32, natural log, -inf where a part saw no key (its output is weighted by
+    0, so it must be finite, e.g. 0: a branch-free sum keeps the loads batched). Rows every part
+    leaves empty get out 0 and lse -inf. Deterministic: parts are summed in a fixed order."""
     _check_states(outs, lses)
     parts, heads, head_dim = outs.shape[0], outs.shape[-2], outs.shape[-1]
     rows_shape = outs.shape[1:-2]
@@ -73,11 +103,19 @@ def merge_attention_states(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torc
     lse = torch.empty((*rows_shape, heads), dtype=torch.float32, device=outs.device)
     if rows * heads == 0:
         return out, lse
-    # The kernel reads fp32 parts with aligned rows: a no-op for contiguous fp32 outs.
-    o_parts = outs.reshape(parts, rows, heads, head_dim).float().contiguous()
+    # reshape is a view whenever the row dims merge; the kernel reads any strides but 16-byte rows.
+    o_parts = _aligned(outs.reshape(parts, rows, heads, head_dim))
     lse_parts = lses.reshape(parts, rows, heads).transpose(1, 2)
     combine_splits(o_parts, lse_parts, out.view(rows, heads, head_dim), lse.view(rows, heads).t())
     return out, lse
+
+
+def _aligned(parts: torch.Tensor) -> torch.Tensor:
+    """`parts` itself when its rows start on 16-byte boundaries with unit column stride (what
+    the kernel's 128-bit loads assume), else a fresh contiguous (hence aligned) copy."""
+    step = 16 // parts.element_size()
+    strides_ok = parts.stride(-1) == 1 and all(s % step == 0 for s in parts.stride()[:-1])
+    return parts if strides_ok and parts.data_ptr() % 16 == 0 else parts.clone(memory_format=torch.contiguous_format)
 
 
 def merge_reference(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

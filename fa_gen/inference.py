@@ -109,9 +109,13 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kern.function(q, k, v, out, lse, o_partial, lse_partial, splits, *extra)
     if splits == 1:
         return out, lse
-    lse_rows = torch.empty((heads_q, rows), dtype=torch.float32, device=q.device)
+    # lse (batch, heads, seqlen_q) is itself a (heads, rows) view when seqlen_q or batch is 1 (decode).
+    direct = seqlen_q == 1 or batch == 1
+    lse_rows = lse.permute(1, 0, 2).view(heads_q, rows) if direct else torch.empty((heads_q, rows), device=q.device)
     _combine()(o_partial, lse_partial, out.view(rows, heads_q, spec.head_dim_v), lse_rows)
-    return out, lse.copy_(lse_rows.view(heads_q, batch, seqlen_q).permute(1, 0, 2))
+    if not direct:
+        lse.copy_(lse_rows.view(heads_q, batch, seqlen_q).permute(1, 0, 2))
+    return out, lse
 
 
 def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

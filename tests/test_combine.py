@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fa_gen.combine import HEAD_DIMS, merge_attention_states, merge_reference, render_combine
+from fa_gen.combine import HEAD_DIMS, _aligned, merge_attention_states, merge_reference, render_combine, slices_for
 from fa_gen.errors import InputError
 
 
@@ -65,11 +65,47 @@ def test_input_errors(outs, lses, match):
         merge_attention_states(outs, lses)
 
 
+def test_parts_are_read_in_place_when_their_rows_are_aligned():
+    """merge_attention_states hands the kernel the caller's parts (any dtype, any 16-byte
+    aligned strides) and copies only what its 128-bit loads cannot read."""
+    for dtype in (torch.float32, torch.bfloat16):
+        parts = torch.randn(3, 5, 4, 128).to(dtype)
+        assert _aligned(parts) is parts
+        strided = torch.randn(3, 5, 8, 128).to(dtype)[:, :, ::2]
+        assert _aligned(strided) is strided
+    shifted = torch.randn(3 * 5 * 4 * 64 + 1)[1:].view(3, 5, 4, 64)  # rows start 4 bytes off
+    copy = _aligned(shifted)
+    assert copy is not shifted and copy.data_ptr() % 16 == 0 and torch.equal(copy, shifted)
+    odd_stride = torch.randn(3, 5, 4, 66)[..., :64]  # 264-byte rows
+    assert _aligned(odd_stride).is_contiguous() and torch.equal(_aligned(odd_stride), odd_stride)
+
+
+def test_few_pairs_share_their_parts_among_slices():
+    """Decode shapes (few pairs, many parts) spread each pair over a 256-thread CTA; many pairs
+    or few parts keep one lane group per pair."""
+    assert slices_for(32, 64, 128, torch.float32) == 8       # 32 lanes of 4 fp32 columns
+    assert slices_for(32, 64, 64, torch.bfloat16) == 32      # 8 lanes of 8 bf16 columns
+    assert slices_for(32, 3, 128, torch.float32) == 1
+    assert slices_for(8192, 64, 128, torch.float32) == 1
+    assert slices_for(1, 128, 512, torch.float32) == 2
+
+
+def _variants(head_dim):
+    """(output dtype, parts dtype, slices) of the split forward's combine (fp32 parts) and of
+    merge_attention_states (parts in the output dtype), one lane group per pair and sliced."""
+    sliced = slices_for(1, 128, head_dim, torch.float32)
+    return [(torch.bfloat16, torch.float32, 1), (torch.float16, torch.float32, 1), (torch.float32, torch.float32, 1),
+            (torch.bfloat16, torch.float32, sliced), (torch.bfloat16, torch.bfloat16, 1),
+            (torch.float16, torch.float16, slices_for(1, 128, head_dim, torch.float16))]
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_combine_compiles(tmp_path, monkeypatch, arch, head_dim):
     from fa_gen.backends.cute_dsl import compile_to_object
 
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        compile_to_object(render_combine(head_dim, dtype), arch, tmp_path / f"c{head_dim}.o", label="combine")
+    for i, (dtype, in_dtype, slices) in enumerate(_variants(head_dim)):
+        object_path = tmp_path / f"c{head_dim}_{i}.o"
+        compile_to_object(render_combine(head_dim, dtype, in_dtype, slices), arch, object_path, label="combine")
+        assert object_path.stat().st_size > 0
