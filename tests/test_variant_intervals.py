@@ -113,7 +113,7 @@ def test_float_bounds_contain_every_value(text, region, scores):
     result = bounds(tree, intervals)
     values = emit_torch(tree)(points)
     # Library functions may round a last bit differently at an interval's end and inside it.
-    scale = max(1.0, *(abs(float(x)) for x in (result.lo, result.hi) if math.isfinite(float(x))))
+    scale = max([1.0, *(abs(float(x)) for x in (result.lo, result.hi) if math.isfinite(float(x)))])
     _check_contains(result, values, tolerance=1e-12 * scale)
 
 
