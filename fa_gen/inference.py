@@ -130,10 +130,6 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     batch = cu_seqlens_q.shape[0] - 1
     heads_q, total_q = q.shape[1], q.shape[0]
     group = gqa_pack(spec, arch, "forward_varlen_split", heads_q // k.shape[1], max_seqlen_q, pack_gqa)
-    kern = inference_kernel(spec, arch, "forward_varlen" if group == 1 else packed_kind("forward_varlen_split", group))
-    tiles = -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
-    splits = num_splits or num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n),
-                                          _num_sms(q.device.index or 0), kern.ctas_per_sm)
     extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
     out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
@@ -141,12 +137,22 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     sequences = (cu_seqlens_q, cu_seqlens_k, used, int(seqused_k is not None), max(int(max_seqlen_q), 1))
     if total_q == 0 or batch == 0:
         return out, lse.fill_(-math.inf)
-    if splits == 1 and group == 1:
-        kern.function(q, k, v, out, lse, *sequences, *extra)
-        return out, lse
-    split_kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split", group))
+    sms = _num_sms(q.device.index or 0)
+
+    def splits_for(kern: InferenceKernel) -> int:
+        tiles = -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
+        return num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), sms, kern.ctas_per_sm)
+
+    if group == 1 and num_splits in (None, 0, 1):
+        # The whole-key-range kernel (the sm90 family's on Hopper), unless its tiles leave the GPU idle.
+        whole = inference_kernel(spec, arch, "forward_varlen")
+        if num_splits == 1 or splits_for(whole) == 1:
+            whole.function(q, k, v, out, lse, *sequences, *extra)
+            return out, lse
+    kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split", group))
+    splits = num_splits or splits_for(kern)
     o_partial, lse_partial = _partials(splits, total_q, heads_q, spec.head_dim_v, q.device)
-    split_kern.function(q, k, v, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
+    kern.function(q, k, v, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
     if splits > 1:
         _combine()(o_partial, lse_partial, out, lse)
     return out, lse

@@ -39,6 +39,7 @@ def _specs():
                             "head_dim": {"qk": 192, "v": 128}, "mask": _MASKS[3]}))
     specs.append(resolve_spec("softcap"))  # a score mod with a runtime scalar (packable)
     specs.append(resolve_spec("alibi"))    # a score mod reading h and q_idx (never packed)
+    specs.append(resolve_spec("causal_topleft_fp16_d96"))  # 12 O vectors per row (sm90 varlen store)
     return specs
 
 
@@ -174,6 +175,25 @@ def test_fixed_length_split(arch, name, num_splits, pack):
         out, lse = forward_split(spec, q, k, v, num_splits=num_splits or None, inputs=inputs, pack_gqa=pack)
         result = compare(spec, q, k, v, out, lse, inputs)
         assert result.ok, f"{name} b={batch} sq={sq} sk={sk} {heads_kv}x{group}: {result}"
+
+
+@pytest.mark.parametrize("name", ["vl_bf16_d128_0", "vl_bf16_d128_1", "vl_bf16_d128_3", "vl_fp16_d64_2",
+                                  "vl_bf16_d256_causal", "softcap"])
+def test_whole_range_kernel_long_among_short(arch, name):
+    """The whole-key-range varlen kernel (the sm90 family's on Hopper) on one sequence past 8k
+    queries (a causal grid then takes one CTA per tile) among short and empty ones: the rows of
+    each sequence stay its own, and the query tiles past a sequence's end store nothing."""
+    from fa_gen.api import attention_varlen
+
+    spec = next(s for s in SPECS if s.name == name)
+    generator = torch.Generator(device="cuda").manual_seed(11)
+    lengths = [(3, 5), (8300, 8300), (0, 9), (1, 1), (130, 7), (257, 1000), (64, 0)]
+    q, k, v, cu_q, cu_k = _packed(spec, lengths, (4, 2), generator)
+    inputs = _inputs(spec, generator)
+    out, lse = attention_varlen(q, k, v, cu_q, cu_k, 8300, 8300, spec, inputs=inputs, num_splits=1,
+                                pack_gqa=False)
+    failures = _check_sequences(spec, q, k, v, out, lse, lengths, cu_q, cu_k, inputs)
+    assert not failures, f"{name}: " + "; ".join(failures)
 
 
 def test_one_kernel_for_every_batch_composition_and_no_host_sync(arch):

@@ -15,9 +15,15 @@ def test_the_preferred_family_that_renders_the_kind():
     spec = resolve_spec("causal_bf16_d128")
     assert resolve_target(spec, "sm_90a").family.name == "sm90"
     assert resolve_target(spec, "sm_80").family.name == "sm80"
-    # Only the Ampere-class family renders the varlen kinds: the Hopper GPU gets it.
+    # The Hopper family renders the whole-range varlen forward; the split and packed decode
+    # kinds only the Ampere-class family does, so the Hopper GPU gets its.
     varlen = resolve_target(spec, "sm_90a", "forward_varlen")
-    assert (varlen.family.name, varlen.kind) == ("sm80", "forward_varlen")
+    assert (varlen.family.name, varlen.kind) == ("sm90", "forward_varlen")
+    split = resolve_target(spec, "sm_90a", "forward_varlen_split_pack4")
+    assert (split.family.name, split.kind) == ("sm80", "forward_varlen_split_pack4")
+    # A mask expression has no sm90 varlen kind: the refusal says why, and sm80 takes none either.
+    with pytest.raises(UnsupportedError, match="mask expression"):
+        resolve_target(resolve_spec("document"), "sm_90a", "forward_varlen")
     assert resolve_target(spec, "sm_90a", "forward", family="sm80").family.name == "sm80"
 
 

@@ -105,6 +105,8 @@ class ShortTiles:
 
 
 SHORT_KIND = "forward_short"
+# The forward of a packed (varlen) batch: rendered per call, not in generated/.
+VARLEN_KIND = "forward_varlen"
 _SHORT_TILES = {
     (64, 64): ShortTiles(1024, TileConfig(128, 128, 2, 2)),
     (256, 256): ShortTiles(1024, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
@@ -130,6 +132,15 @@ def short_tiles_reasons(spec: Spec) -> list[str]:
     return []
 
 
+def varlen_reasons(spec: Spec) -> list[str]:
+    """Why `spec` gets no varlen forward in this family; empty when it does."""
+    if spec.mask_expr is not None:
+        return ["a mask expression's key-tile lists are classified per call from fixed lengths"]
+    if spec.sink_expr is not None:
+        return ["sink logits in a varlen batch: not yet (the varlen backward has none either)"]
+    return []
+
+
 def _longest_first(spec: Spec) -> bool:
     """Causal-like masks: later query tiles see more keys, so the scheduler hands them out first."""
     return spec.window_left is None and spec.window_right is not None
@@ -149,12 +160,21 @@ class Sm90Family(Family):
     # Score mods, mask expressions and sink logits in the forward.
     supports_expressions = True
 
+    def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
+        """The varlen forward (templates/common/seqlen.j2); the split-KV and GQA-packed decode
+        kinds are the sm80 family's."""
+        return {} if varlen_reasons(spec) else {VARLEN_KIND: (self.forward_template, f"{VARLEN_KIND}.py")}
+
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
+        if kind == VARLEN_KIND:
+            return {"varlen": True}
         if kind == SHORT_KIND:
             return self._tile_context(spec, arch, _SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].tile)
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
 
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
+        if kind == VARLEN_KIND:
+            return varlen_reasons(spec)
         if kind == SHORT_KIND:
             return short_tiles_reasons(spec)
         return sm90_backward.backward_reasons(spec, self.archs[0]) if kind == "backward" else []
@@ -184,6 +204,8 @@ class Sm90Family(Family):
             "longest_first": _longest_first(spec),
             # None unless the spec has expressions (then: their emitted code and extra arguments).
             "expr": expression_context(spec),
+            # Call features (kind_context sets them for the per-call kinds).
+            "varlen": False,
         }
 
     def _tile_context(self, spec: Spec, arch: str, cfg: TileConfig) -> dict:
