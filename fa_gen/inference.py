@@ -165,6 +165,10 @@ def decode_shaped(spec: Spec, q: torch.Tensor) -> bool:
     the fixed-length forward read 0.14-0.38x."""
     if not (isinstance(q, torch.Tensor) and q.dim() == 4 and q.is_cuda and q.shape[1] < SPLIT_TILE_M):
         return False
+    if spec.mask_expr is not None:
+        # The fixed-length forward visits only the key tiles a mask expression leaves visible
+        # (per-call lists); the split kinds would visit all of them.
+        return False
     return supports(spec, current_arch(), "forward_split")
 
 
@@ -182,7 +186,7 @@ def gqa_pack(spec: Spec, arch: str, kind: str, group: int, seqlen_q: int, wanted
     if wanted and not possible:
         raise UnsupportedError(f"pack_gqa=True for spec {spec.name!r}", [
             f"{group} query heads per KV head: packing needs a ratio among {', '.join(map(str, GQA_PACKS))} "
-            "and a spec whose score mod reads neither h nor q_idx (mask and sink expressions: not yet)"])
+            "and a spec whose expressions (score mod, mask, sink) read neither h nor q_idx"])
     return group if wanted else 1
 
 

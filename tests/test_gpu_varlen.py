@@ -40,6 +40,10 @@ def _specs():
     specs.append(resolve_spec("softcap"))  # a score mod with a runtime scalar (packable)
     specs.append(resolve_spec("alibi"))    # a score mod reading h and q_idx (never packed)
     specs.append(resolve_spec("causal_topleft_fp16_d96"))  # 12 O vectors per row (sm90 varlen store)
+    # Expressions without per-call tile lists: a mask expression on every tile, a sink logit
+    # counted in split 0 only.
+    specs.append(resolve_spec("chunked_causal"))
+    specs.append(resolve_spec("sink_logit"))
     return specs
 
 
@@ -82,9 +86,14 @@ def arch():
     return arch
 
 
-def _inputs(spec, generator):
+def _inputs(spec, generator, heads_q):
+    """Fresh values of the spec's inputs (runtime scalars drawn, tensors random)."""
     if spec.name == "softcap":
         return {"softcap": 5.0 + 45.0 * float(torch.rand((), generator=generator, device="cuda"))}
+    if spec.name == "sink_logit":
+        return {"sinks": 2.0 * torch.randn(heads_q, generator=generator, device="cuda")}
+    if spec.name == "chunked_causal":
+        return {"chunk": int(torch.randint(1, 400, (), generator=generator, device="cuda"))}
     return None
 
 
@@ -149,7 +158,7 @@ def test_varlen_matches_reference_per_sequence(arch, data, lengths, seed):
     extra = [data.draw(st.integers(0, 40)) for _ in lengths] if used else ()
     q, k, v, cu_q, cu_k = _packed(spec, lengths, (heads_kv * group, heads_kv), generator, extra)
     seqused = torch.tensor([sk for _, sk in lengths], dtype=torch.int32, device="cuda") if used else None
-    inputs = _inputs(spec, generator)
+    inputs = _inputs(spec, generator, q.shape[1])
     max_q, max_k = max(sq for sq, _ in lengths), max(sk for _, sk in lengths) + max(extra, default=0)
     out, lse = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, spec, seqused_k=seqused, inputs=inputs,
                                 num_splits=num_splits, pack_gqa=pack)
@@ -171,7 +180,7 @@ def test_fixed_length_split(arch, name, num_splits, pack):
         q = torch.randn(batch, sq, heads_kv * group, spec.head_dim_qk, generator=generator, device="cuda").to(dtype)
         k = torch.randn(batch, sk, heads_kv, spec.head_dim_qk, generator=generator, device="cuda").to(dtype)
         v = torch.randn(batch, sk, heads_kv, spec.head_dim_v, generator=generator, device="cuda").to(dtype)
-        inputs = _inputs(spec, generator)
+        inputs = _inputs(spec, generator, q.shape[2])
         out, lse = forward_split(spec, q, k, v, num_splits=num_splits or None, inputs=inputs, pack_gqa=pack)
         result = compare(spec, q, k, v, out, lse, inputs)
         assert result.ok, f"{name} b={batch} sq={sq} sk={sk} {heads_kv}x{group}: {result}"
@@ -189,7 +198,7 @@ def test_whole_range_kernel_long_among_short(arch, name):
     generator = torch.Generator(device="cuda").manual_seed(11)
     lengths = [(3, 5), (8300, 8300), (0, 9), (1, 1), (130, 7), (257, 1000), (64, 0)]
     q, k, v, cu_q, cu_k = _packed(spec, lengths, (4, 2), generator)
-    inputs = _inputs(spec, generator)
+    inputs = _inputs(spec, generator, q.shape[1])
     out, lse = attention_varlen(q, k, v, cu_q, cu_k, 8300, 8300, spec, inputs=inputs, num_splits=1,
                                 pack_gqa=False)
     failures = _check_sequences(spec, q, k, v, out, lse, lengths, cu_q, cu_k, inputs)
@@ -246,7 +255,7 @@ def _check_gradients(spec, lengths, heads, seed, deterministic=False):
 
     generator = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, cu_q, cu_k = _packed(spec, lengths, heads, generator)
-    inputs = _inputs(spec, generator)
+    inputs = _inputs(spec, generator, q.shape[1])
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     max_q, max_k = max(a for a, _ in lengths), max(b for _, b in lengths)
 

@@ -116,8 +116,20 @@ def test_varlen_backward_input_errors():
         backward_varlen(spec, q, q, k, k, q, lse, cu_q.float(), cu_k, 5, 7)
 
 
-def test_varlen_kinds_refuse_mask_and_sink_expressions():
+def test_kinds_without_tile_lists_mask_every_tile_and_sink_once():
+    # Fixed-length kinds take a mask expression's per-call tile lists; varlen and split kinds
+    # take none and apply the expression to every tile they visit.
+    document = resolve_spec("document")
+    assert "mTileList" in render(document, "sm_90a", "sm80", kind="backward").text
+    for kind in ("backward_varlen", "forward_varlen", "forward_split", "forward_varlen_split"):
+        text = render(document, "sm_90a", "sm80", kind=kind).text
+        assert "mTileList" not in text and "mTileOrder" not in text, kind
+        assert "q_doc" in text, kind
+    assert "m_block_free_hi = m_block_free_lo" in render(document, "sm_90a", "sm80", kind="backward_varlen").text
+    # A sink logit enters split 0's partial only; the unsplit varlen kind adds it to every row.
+    sink = resolve_spec("sink_logit")
+    assert "split == 0 else Float32(NO_SINK)" in render(sink, "sm_90a", "sm80", kind="forward_varlen_split").text
+    assert "NO_SINK" not in render(sink, "sm_90a", "sm80", kind="forward_varlen").text
+    # An expression reading h or q_idx cannot share a tile's rows among query heads.
     with pytest.raises(UnsupportedError):
-        render(resolve_spec("document"), "sm_90a", "sm80", kind="backward_varlen")
-    with pytest.raises(UnsupportedError):
-        render(resolve_spec("sink_logit"), "sm_90a", "sm80", kind="forward_varlen")
+        render(sink, "sm_90a", "sm80", kind="forward_split_pack4")

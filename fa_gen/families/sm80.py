@@ -110,11 +110,10 @@ class Sm80Family(Family):
     supports_expressions = True
 
     def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
-        """Varlen and split-KV forwards (templates/common/seqlen.j2, splitkv.j2); not yet for
-        mask expressions (their key tiles are listed per call from fixed shapes) or sink
-        logits (a split would count the sink once per split)."""
-        if spec.mask_expr is not None or spec.sink_expr is not None:
-            return {}
+        """Varlen and split-KV forwards (templates/common/seqlen.j2, splitkv.j2) and the varlen
+        backward, for every spec. A mask expression's key tiles are listed per call from fixed
+        shapes; these kinds list none and apply the element mask to every tile they visit
+        (`listed` false). A sink logit enters split 0's partial only."""
         packable = gqa_packable(spec)
         kinds = {kind: (self.forward_template, f"{kind}.py") for kind, (_, _, pack) in INFERENCE_KINDS.items()
                  if pack == 1 or packable}
@@ -123,7 +122,7 @@ class Sm80Family(Family):
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
         if kind in INFERENCE_KINDS:
             varlen, split, pack = INFERENCE_KINDS[kind]
-            context = {"varlen": varlen, "split": split, "pack": pack}
+            context = {"varlen": varlen, "split": split, "pack": pack, **_unlisted(expression_context(spec))}
             if split:
                 cfg = split_tile_config(spec, arch)
                 smem = arch_info(arch).max_smem_per_block
@@ -139,9 +138,11 @@ class Sm80Family(Family):
         # first (causal-like ranges end together). H200, bf16, no mask: first to last was 6%
         # and 7% faster at d128 (s 4k, 16k) and 1.3% slower at d64 (tile_m 128).
         ascending = spec.window_right is None and max(spec.head_dim_qk, spec.head_dim_v) >= 128
+        varlen = kind == "backward_varlen"
+        expr = backward_expression_context(spec)
         return {"bwd": asdict(cfg), "smem_atom_cols_pds": smem_atom_cols(cfg.tile_n),
-                "bwd_ascending": ascending, "expr": backward_expression_context(spec),
-                "dq_atomic_width": _dq_atomic_width(arch), "varlen": kind == "backward_varlen"}
+                "bwd_ascending": ascending, "expr": expr, "listed": bool(expr and expr["mask"]),
+                "dq_atomic_width": _dq_atomic_width(arch), "varlen": varlen, **(_unlisted(expr) if varlen else {})}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
         cfg = tile_config(spec, arch)
@@ -170,6 +171,8 @@ class Sm80Family(Family):
             "reverse_m_blocks": _causal_like(spec),
             # None unless the spec has expressions (then: their emitted code and extra arguments).
             "expr": expression_context(spec),
+            # A mask expression's tiles come in per-call lists (fa_gen.plan) in fixed-length kinds.
+            "listed": spec.mask_expr is not None,
             # Call features (kind_context sets them for the inference kinds).
             "varlen": False,
             "split": False,
@@ -190,11 +193,18 @@ def split_tile_config(spec: Spec, arch: str) -> TileConfig:
 
 
 def gqa_packable(spec: Spec) -> bool:
-    """Whether query heads may share a tile's rows: no expression may tell them apart (a score
-    mod reading the head or the query position sees one value per packed row, not per head)."""
-    if spec.score_mod_tree is None:
-        return True
-    return not {"h", "q_idx"} & names_used(spec.score_mod_tree)
+    """Whether query heads may share a tile's rows: no expression may tell them apart (one
+    reading the head or the query position sees one value per packed row, not per head)."""
+    trees = (spec.score_mod_tree, spec.mask_tree, spec.sink_tree)
+    return not any({"h", "q_idx"} & names_used(tree) for tree in trees if tree is not None)
+
+
+def _unlisted(expr: dict | None) -> dict:
+    """Context of a kind without per-call tile lists (varlen, split-KV): a mask expression
+    takes no scheduling arguments, and every visited tile applies it element by element."""
+    if expr is None or expr["mask"] is None:
+        return {}
+    return {"expr": {**expr, "schedule": ()}, "listed": False}
 
 
 def _causal_like(spec: Spec) -> bool:
