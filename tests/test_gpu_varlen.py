@@ -205,6 +205,28 @@ def test_whole_range_kernel_long_among_short(arch, name):
     assert not failures, f"{name}: " + "; ".join(failures)
 
 
+@pytest.mark.parametrize("name", ["vl_bf16_d128_0", "vl_bf16_d128_1", "vl_fp16_d64_2", "softcap"])
+@pytest.mark.parametrize("persistent", [True, False])
+def test_whole_range_kernel_many_sequences(arch, name, persistent):
+    """More sequences than a warp's 32 lanes (the sm90 scheduler finds a tile's sequence 32
+    at a time), empty ones among them, in both schedules (persistent; one CTA per tile past
+    PERSIST_M_BLOCKS query tiles): every sequence's rows are its own."""
+    from fa_gen.api import attention_varlen
+
+    spec = next(s for s in SPECS if s.name == name)
+    generator = torch.Generator(device="cuda").manual_seed(5 + persistent)
+    draw = lambda hi: int(torch.randint(0, hi, (), generator=generator, device="cuda"))  # noqa: E731
+    lengths = [(0 if i % 9 == 4 else draw(400), draw(600)) for i in range(75)]
+    lengths[40] = (1000, 1000)
+    # max_seqlen_q only bounds the sequences: a large one takes the one-CTA-per-tile grid.
+    max_q = 1000 if persistent else 13000
+    q, k, v, cu_q, cu_k = _packed(spec, lengths, (4, 2), generator)
+    inputs = _inputs(spec, generator, q.shape[1])
+    out, lse = attention_varlen(q, k, v, cu_q, cu_k, max_q, 1000, spec, inputs=inputs, num_splits=1, pack_gqa=False)
+    failures = _check_sequences(spec, q, k, v, out, lse, lengths, cu_q, cu_k, inputs)
+    assert not failures, f"{name}: " + "; ".join(failures)
+
+
 def test_one_kernel_for_every_batch_composition_and_no_host_sync(arch):
     """New lengths neither compile anything nor synchronise with the device."""
     from fa_gen.cache import default_cache
