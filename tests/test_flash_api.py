@@ -164,6 +164,7 @@ def test_varlen_shapes_and_int64_cu_seqlens():
     (lambda q: fa_gen.flash_attn_func(q, q, q, dropout_p=0.1), "dropout_p=0.1"),
     (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(-1, 5)), "window_size=(-1, 5)"),
     (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(3,)), "window_size=(3,)"),
+    (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(-2, 0)), "window_size=(-2, 0)"),
     (lambda q: fa_gen.flash_attn_func(q.float(), q.float(), q.float()), "q.dtype torch.float32"),
     (lambda q: fa_gen.flash_attn_func(q[..., :40], q[..., :40], q[..., :40]), "the head dims"),
     (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9, block_table=q), "block_table"),
@@ -219,7 +220,27 @@ def test_torch_compile_fullgraph_traces_flash_attn_func():
     assert q.grad.shape == q.shape and sink.grad.shape == sink.shape
     misses = flash_spec.cache_info().misses
     compiled(q, k, k, torch.ones(4, device="meta"), sink, 20.0)
+    compiled(q, k, k, torch.ones(4, device="meta"), sink, 3.5)  # another softcap: a SymFloat, the same spec
     assert flash_spec.cache_info().misses == misses
+
+
+def test_torch_compile_with_changing_compile_time_arguments():
+    """A softmax_scale, window or head dim that changes between calls arrives symbolic once
+    torch.compile marks it dynamic (found on the H100 for softcap): made a constant again, never
+    a graph break; a changing softcap stays one spec."""
+    def call(q, softcap, scale, left):
+        return fa_gen.flash_attn_func(q, q, q, causal=True, softcap=softcap, softmax_scale=scale,
+                                      window_size=(left, 0))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+    names = set()
+    for dim in (64, 128):
+        q = _meta(2, 33, 4, dim)
+        for softcap, scale, left in ((7.5, 0.1, 10), (3.0, 0.2, 11), (5.0, 0.3, 12), (6.0, 0.3, 12)):
+            assert compiled(q, softcap, scale, left).shape == q.shape
+            names.add(_spec_of(q, q, causal=True, softcap=softcap, softmax_scale=scale, window_size=(left, 0)).name)
+    assert len(names) == 6 and "fa_bf16_d128_win12_0_scale0p3_softcap" in names
 
 
 class _FakeKvcache:

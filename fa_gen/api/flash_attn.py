@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from ..autograd import spec_from_key
 from ..errors import InputError, UnsupportedError
@@ -100,8 +101,11 @@ def _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_sl
     alibi = _alibi_kind(alibi_slopes, heads, batch)
     if sink is not None:
         _check_float_tensor("learnable_sink", sink, (heads,), "(heads,)")
-    key = flash_spec_key(_dtype(q), q.shape[-1], v.shape[-1], bool(causal), left, right,
-                         _scale(softmax_scale, q.shape[-1]), capped, alibi, sink is not None)
+    # guard_scalar: plain values pass through; under torch.compile a head dim or a window that
+    # changed between calls (now symbolic) becomes a constant again, guarded, as a spec needs.
+    head_dim_qk, head_dim_v = guard_scalar(q.shape[-1]), guard_scalar(v.shape[-1])
+    key = flash_spec_key(_dtype(q), head_dim_qk, head_dim_v, bool(causal), guard_scalar(left), guard_scalar(right),
+                         _scale(softmax_scale, head_dim_qk), capped, alibi, sink is not None)
     inputs = {}
     if capped:
         inputs["softcap"] = float(softcap)
@@ -123,18 +127,21 @@ def _scale(softmax_scale, head_dim_qk: int) -> float | None:
     """None for the default 1/sqrt(head_dim) (given or not: one spec either way)."""
     if softmax_scale is None:
         return None
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or \
-            not (math.isfinite(softmax_scale) and softmax_scale > 0):
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise InputError(f"softmax_scale must be a finite number > 0 (or None); got {softmax_scale!r}")
-    return None if float(softmax_scale) == head_dim_qk ** -0.5 else float(softmax_scale)
+    scale = float(guard_scalar(softmax_scale))  # compiled into the spec: a constant under torch.compile
+    if not 0 < scale < math.inf:
+        raise InputError(f"softmax_scale must be a finite number > 0 (or None); got {softmax_scale!r}")
+    return None if scale == head_dim_qk ** -0.5 else scale
 
 
 def _softcap_on(softcap) -> bool:
     if softcap is None:
         return False
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (math.isfinite(softcap) and softcap >= 0):
+    # Comparisons only (no math.isfinite): under torch.compile a changing value arrives as a SymFloat.
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < math.inf:
         raise InputError(f"softcap must be a finite number >= 0 (0: off); got {softcap!r}")
-    return softcap > 0
+    return True if softcap > 0 else False  # a constant under torch.compile (a guard), never a SymBool
 
 
 def _alibi_kind(slopes, heads: int, batch: int | None) -> str | None:

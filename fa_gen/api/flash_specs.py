@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from ..errors import SpecError, UnsupportedError
 from ..spec import Spec
@@ -84,10 +85,14 @@ def _number_name(value: float) -> str:
 def fold_window(causal: bool, window_size) -> tuple[int, int]:
     """window_size checked and folded with causal as FlashAttention does: causal sets right = 0."""
     if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and
-            all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)):
+            all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
         raise UnsupportedError(f"window_size={window_size!r}", [
             "expected a pair of ints (left, right), each >= 0 or -1 for unbounded"])
-    left, right = (int(w) for w in window_size)
+    # guard_scalar: under torch.compile a window that changed between calls (symbolic) is made a
+    # constant again (guarded): it is compiled into the spec.
+    left, right = (int(guard_scalar(w)) for w in window_size)
+    if left < -1 or right < -1:
+        raise UnsupportedError(f"window_size={window_size!r}", ["each side must be >= 0, or -1 for unbounded"])
     if causal:
         right = 0
     if (left < 0) != (right < 0) and not (left < 0 and right == 0):
