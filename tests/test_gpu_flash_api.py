@@ -355,7 +355,10 @@ def test_generate_greedy_from_a_left_padded_batch(config):
 
 def test_training_step_gradients_on_a_left_padded_batch():
     """One training step's parameter gradients (through the varlen backward and the re-padding),
-    against float32 eager, with SDPA-bf16's error as the yardstick."""
+    against float32 eager, with SDPA-bf16's error as the yardstick. A loose yardstick: the largest
+    max-abs relative error over parameters is dominated by parameters whose bf16 gradients are poor
+    for SDPA too (0.69 on the H100 at 3a4425e, fa_gen 0.81); the attention gradients themselves are
+    held tightly by test_flash_attn_func_gradients_match_reference."""
     ours, sdpa, eager = _models(_llama_config())
     ids, mask = _left_padded()
     labels = ids.masked_fill(mask == 0, -100)
