@@ -32,6 +32,27 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options)
 
 
+def flash_attn_func(q, k, v, *args, **kwargs):
+    """FlashAttention-2's flash_attn_func (plus learnable_sink, return_lse); see `fa_gen.api.flash_attn`."""
+    from .api import flash_attn_func as _function
+
+    return _function(q, k, v, *args, **kwargs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args, **kwargs):
+    """FlashAttention-2's flash_attn_varlen_func (plus seqused_k, return_lse); see `fa_gen.api.flash_attn`."""
+    from .api import flash_attn_varlen_func as _function
+
+    return _function(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args, **kwargs)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, *args, **kwargs):
+    """FlashAttention-2's flash_attn_with_kvcache over `attention_with_kvcache`; see `fa_gen.api.flash_attn`."""
+    from .api import flash_attn_with_kvcache as _function
+
+    return _function(q, k_cache, v_cache, *args, **kwargs)
+
+
 def merge_attention_states(outs, lses):
     """`out, lse = merge_attention_states(outs, lses)`: merge partial results by LSE; see `fa_gen.combine`."""
     from .api import merge_attention_states as _merge
@@ -50,6 +71,7 @@ def __getattr__(name):
 
 __all__ = [
     "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
-    "SpecError", "UnsupportedError", "attention", "attention_varlen", "build", "load_spec", "merge_attention_states",
+    "SpecError", "UnsupportedError", "attention", "attention_varlen", "build", "flash_attn_func",
+    "flash_attn_varlen_func", "flash_attn_with_kvcache", "load_spec", "merge_attention_states",
     "__version__",
 ]

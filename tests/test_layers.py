@@ -1,5 +1,6 @@
 """L0: the package's import graph has no cycles, and its layers import only downwards:
 
+    fa_gen.integrations (adapters for other libraries: transformers)
     fa_gen.api (public functions)
       -> fa_gen.autograd, fa_gen.varlen (custom ops + autograd)
         -> kernel runtime (runtime, backward, inference, varlen_backward, combine, render, cache, ...)
@@ -78,9 +79,13 @@ def test_no_import_cycles():
 def test_layers_import_downwards():
     graph = _graph()
     for module, imported in graph.items():
-        if module.startswith("fa_gen.api") or module == "fa_gen":
+        if module.startswith("fa_gen.integrations") or module == "fa_gen":
             continue
-        upward = {m for m in imported if m.startswith("fa_gen.api")}
+        upward = {m for m in imported if m.startswith("fa_gen.integrations")}
+        if module.startswith("fa_gen.api"):
+            assert not upward, f"{module} imports {sorted(upward)} from a layer above it"
+            continue
+        upward |= {m for m in imported if m.startswith("fa_gen.api")}
         if module not in OPS:
             upward |= imported & OPS
         assert not upward, f"{module} imports {sorted(upward)} from a layer above it"

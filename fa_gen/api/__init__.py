@@ -4,10 +4,14 @@ runtime (fa_gen.runtime, fa_gen.backward, fa_gen.inference, fa_gen.combine), whi
     attention(q, k, v, spec)                          fixed-length batches, differentiable
     attention_varlen(q, k, v, cu_q, cu_k, ...)       packed (varlen) batches, differentiable
     merge_attention_states(outs, lses)               merge partial results by LSE
+    flash_attn_func / flash_attn_varlen_func / flash_attn_with_kvcache
+                                                     FlashAttention's signatures (fa_gen.api.flash_attn)
 """
 
 from ..combine import merge_attention_states
 from .attention import attention
+from .flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from .varlen import attention_varlen
 
-__all__ = ["attention", "attention_varlen", "merge_attention_states"]
+__all__ = ["attention", "attention_varlen", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
+           "merge_attention_states"]

@@ -1,0 +1,227 @@
+"""FlashAttention-compatible functions over fa_gen's kernels: the signatures, layouts and semantics of
+`flash_attn` 2.x (plus FlashAttention-3/4's `learnable_sink` and `return_lse`).
+
+    out = flash_attn_func(q, k, v, causal=True)                        # (batch, seqlen, heads, dim)
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, return_lse=True)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lengths, causal=True)
+
+Each call's configuration (fa_gen.api.flash_specs.FlashConfig) names one Spec, built once per
+process and compiled once (then loaded from the disk cache); softcap values, ALiBi slopes and sinks
+are runtime inputs of that spec. flash_attn_func and flash_attn_varlen_func go through the
+differentiable custom ops of fa_gen.attention / fa_gen.attention_varlen (autograd,
+torch.compile(fullgraph=True)); flash_attn_with_kvcache through fa_gen.attention_with_kvcache.
+What fa_gen cannot serve is an UnsupportedError naming the argument and why.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.fx.experimental.symbolic_shapes import guard_scalar
+
+from ..autograd import spec_from_key
+from ..errors import InputError, UnsupportedError
+from .attention import attention
+from .flash_specs import DTYPES, fold_window, flash_spec_key
+from .varlen import attention_varlen
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, learnable_sink=None,
+                    return_lse=False):
+    """FlashAttention's flash_attn_func: q (batch, seqlen_q, heads, d), k/v (batch, seqlen_k, heads_kv, d)
+    -> out (batch, seqlen_q, heads, d_v); with return_attn_probs (out, lse, None), with return_lse
+    (out, lse); lse (batch, heads, seqlen_q) float32. Differentiable (also in learnable_sink)."""
+    _refuse_dropout(dropout_p)
+    _check_qkv(q, k, v, "(batch, seqlen, heads, head_dim)")
+    key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                   learnable_sink, heads=q.shape[2], batch=q.shape[0])
+    out, lse = attention(q, k, v, spec_from_key(key), _deterministic(deterministic), inputs)
+    return _results(out, lse, return_attn_probs, return_lse)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, learnable_sink=None,
+                           return_lse=False, seqused_k=None):
+    """FlashAttention's flash_attn_varlen_func over fa_gen.attention_varlen: q (total_q, heads, d),
+    k/v (total_k, heads_kv, d), cu_seqlens_* (batch + 1) int32; lse (heads, total_q). Masks align
+    per sequence (bottom-right). Differentiable."""
+    _refuse_dropout(dropout_p)
+    if block_table is not None:
+        raise UnsupportedError("block_table in flash_attn_varlen_func", [
+            "paged K/V are served by flash_attn_with_kvcache(..., block_table=...)"])
+    if learnable_sink is not None:
+        raise UnsupportedError("learnable_sink in flash_attn_varlen_func", [
+            "sink logits in a packed batch are not implemented yet (flash_attn_func takes them)"])
+    _check_qkv(q, k, v, "(total_tokens, heads, head_dim)")
+    key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes, None,
+                                   heads=q.shape[1], batch=None)
+    out, lse = attention_varlen(q, k, v, _int32(cu_seqlens_q), _int32(cu_seqlens_k), int(max_seqlen_q),
+                                int(max_seqlen_k), spec_from_key(key),
+                                seqused_k=None if seqused_k is None else _int32(seqused_k),
+                                deterministic=_deterministic(deterministic), inputs=inputs)
+    return _results(out, lse, return_attn_probs, return_lse)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """FlashAttention's flash_attn_with_kvcache over fa_gen.attention_with_kvcache: q (batch, seqlen_q,
+    heads, d); k_cache/v_cache (batch_cache, seqlen_cache, heads_kv, d), or (num_blocks, page_size,
+    heads_kv, d) with block_table (batch, max_blocks) int32; k/v new tokens appended in place at
+    cache_seqlens (int or (batch,) int32). Forward only, as FlashAttention's."""
+    if rotary_cos is not None or rotary_sin is not None:
+        raise UnsupportedError("rotary_cos / rotary_sin", [
+            "rotary embedding inside the attention call is not implemented; rotate q and k before the call"])
+    if cache_leftpad is not None:
+        raise UnsupportedError("cache_leftpad", ["left-padded caches are not implemented; pass each sequence's "
+                                                 "tokens from slot 0 with cache_seqlens"])
+    if (k is None) != (v is None):
+        raise InputError("flash_attn_with_kvcache: pass k and v together (new tokens to append), or neither")
+    _check_qkv(q, k_cache, v_cache, "(batch, seqlen, heads, head_dim)")
+    lengths = _cache_seqlens(cache_seqlens, q, k_cache, block_table, appending=k is not None)
+    key, inputs = _spec_and_inputs(q, v_cache, softmax_scale, causal, window_size, softcap, alibi_slopes, None,
+                                   heads=q.shape[2], batch=q.shape[0])
+    result = _kvcache_function()(q, k_cache, v_cache, lengths, spec_from_key(key), k_new=k, v_new=v,
+                                 page_table=block_table, cache_batch_idx=cache_batch_idx,
+                                 num_splits=int(num_splits), pack_gqa=None, inputs=inputs)
+    out, lse = result if isinstance(result, tuple) else (result, None)
+    return (out, lse) if return_softmax_lse else out
+
+
+# --- arguments -> (spec key, runtime inputs) ----------------------------------------------------------
+
+def _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes, sink, heads, batch):
+    """The registered key of the call's Spec and the values of its runtime inputs (None: none)."""
+    left, right = fold_window(bool(causal), window_size)
+    capped = _softcap_on(softcap)
+    alibi = _alibi_kind(alibi_slopes, heads, batch)
+    if sink is not None:
+        _check_float_tensor("learnable_sink", sink, (heads,), "(heads,)")
+    # guard_scalar: plain values pass through; under torch.compile a head dim or a window that
+    # changed between calls (now symbolic) becomes a constant again, guarded, as a spec needs.
+    head_dim_qk, head_dim_v = guard_scalar(q.shape[-1]), guard_scalar(v.shape[-1])
+    key = flash_spec_key(_dtype(q), head_dim_qk, head_dim_v, bool(causal), guard_scalar(left), guard_scalar(right),
+                         _scale(softmax_scale, head_dim_qk), capped, alibi, sink is not None)
+    inputs = {}
+    if capped:
+        inputs["softcap"] = float(softcap)
+    if alibi is not None:
+        inputs["slopes"] = alibi_slopes
+    if sink is not None:
+        # The spec reads float32 sinks; a half-precision parameter gets its gradient through the cast.
+        inputs["sinks"] = sink if sink.dtype == torch.float32 else sink.float()
+    return key, inputs or None
+
+
+def _dtype(q) -> str:
+    if q.dtype not in DTYPES:
+        raise UnsupportedError(f"q.dtype {q.dtype}", ["fa_gen kernels take torch.float16 and torch.bfloat16"])
+    return DTYPES[q.dtype]
+
+
+def _scale(softmax_scale, head_dim_qk: int) -> float | None:
+    """None for the default 1/sqrt(head_dim) (given or not: one spec either way)."""
+    if softmax_scale is None:
+        return None
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise InputError(f"softmax_scale must be a finite number > 0 (or None); got {softmax_scale!r}")
+    scale = float(guard_scalar(softmax_scale))  # compiled into the spec: a constant under torch.compile
+    if not 0 < scale < math.inf:
+        raise InputError(f"softmax_scale must be a finite number > 0 (or None); got {softmax_scale!r}")
+    return None if scale == head_dim_qk ** -0.5 else scale
+
+
+def _softcap_on(softcap) -> bool:
+    if softcap is None:
+        return False
+    # Comparisons only (no math.isfinite): under torch.compile a changing value arrives as a SymFloat.
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < math.inf:
+        raise InputError(f"softcap must be a finite number >= 0 (0: off); got {softcap!r}")
+    return True if softcap > 0 else False  # a constant under torch.compile (a guard), never a SymBool
+
+
+def _alibi_kind(slopes, heads: int, batch: int | None) -> str | None:
+    """"heads" for (heads,) slopes, "batch_heads" for (batch, heads); None without slopes."""
+    if slopes is None:
+        return None
+    if batch is not None and isinstance(slopes, torch.Tensor) and slopes.dim() == 2:
+        _check_float_tensor("alibi_slopes", slopes, (batch, heads), "(batch, heads)", fp32=True)
+        return "batch_heads"
+    if batch is None and isinstance(slopes, torch.Tensor) and slopes.dim() == 2:
+        raise UnsupportedError("alibi_slopes of shape (batch, heads) in flash_attn_varlen_func", [
+            "a packed batch takes one slope per head, (heads,); per-sequence slopes are not implemented yet"])
+    _check_float_tensor("alibi_slopes", slopes, (heads,), "(heads,) or (batch, heads)", fp32=True)
+    return "heads"
+
+
+def _check_float_tensor(name: str, t, shape: tuple, shown: str, fp32: bool = False) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor {shown}; got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise InputError(f"{name} must have shape {shown} = {tuple(shape)}; got {tuple(t.shape)}")
+    if (fp32 and t.dtype != torch.float32) or not t.is_floating_point():
+        raise InputError(f"{name} must be {'float32' if fp32 else 'a float tensor'}; got {t.dtype}")
+
+
+def _check_qkv(q, k, v, layout: str) -> None:
+    dims = layout.count(",") + 1
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != dims:
+            shown = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputError(f"{name} must be a {dims}-D tensor {layout}; got {shown}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise InputError(f"q, k and v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _refuse_dropout(dropout_p) -> None:
+    if dropout_p:
+        raise UnsupportedError(f"dropout_p={dropout_p}", [
+            "attention dropout is not implemented in fa_gen yet; pass 0.0 (in transformers: model.eval(), "
+            "or attention_dropout=0.0 in the config)"])
+
+
+def _deterministic(flag) -> bool | None:
+    """FlashAttention's deterministic=False means "need not be": fa_gen's None, which still
+    follows torch.use_deterministic_algorithms."""
+    return True if flag else None
+
+
+def _results(out, lse, return_attn_probs: bool, return_lse: bool):
+    if return_attn_probs:
+        return out, lse, None  # FlashAttention-2 returns the dropout mask's probabilities third: none here
+    return (out, lse) if return_lse else out
+
+
+def _int32(t):
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"cu_seqlens / seqused_k must be int32 tensors; got {type(t).__name__}")
+    return t if t.dtype == torch.int32 else t.to(torch.int32)
+
+
+def _cache_seqlens(cache_seqlens, q, k_cache, block_table, appending: bool):
+    """(batch,) int32 lengths of the cached sequences: an int for all, or the full cache when None."""
+    batch = q.shape[0]
+    if isinstance(cache_seqlens, torch.Tensor):
+        return _int32(cache_seqlens)
+    if cache_seqlens is None:
+        if appending:
+            raise InputError("flash_attn_with_kvcache: cache_seqlens is required with k/v (where to append)")
+        cache_seqlens = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int) or cache_seqlens < 0:
+        raise InputError(f"cache_seqlens must be an int >= 0 or a (batch,) int32 tensor; got {cache_seqlens!r}")
+    return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+
+
+def _kvcache_function():
+    """fa_gen.attention_with_kvcache, looked up at the call (it lives beside this module's callers)."""
+    import fa_gen
+
+    function = getattr(fa_gen, "attention_with_kvcache", None)
+    if function is None:
+        raise UnsupportedError("flash_attn_with_kvcache", [
+            "this fa_gen has no KV-cache forward (fa_gen.attention_with_kvcache) yet"])
+    return function

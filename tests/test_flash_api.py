@@ -1,0 +1,307 @@
+"""L0 (CPU): the FlashAttention-compatible functions without a GPU: argument mapping, the Spec each
+configuration builds (name, caching, semantics against an independent FlashAttention-2-style
+reference), errors, return conventions, flash_attn_with_kvcache's mapping onto a fake
+fa_gen.attention_with_kvcache, and torch.compile(fullgraph=True) tracing on meta tensors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fa_gen
+from fa_gen import autograd
+from fa_gen.api import flash_attn
+from fa_gen.api.flash_specs import FlashConfig, flash_spec, spec_mapping
+from fa_gen.errors import InputError, UnsupportedError
+from fa_gen.reference import attention_reference
+from fa_gen.spec import _BY_KEY
+
+
+def _meta(*shape, dtype=torch.bfloat16, grad=False):
+    return torch.randn(*shape, dtype=dtype, device="meta", requires_grad=grad)
+
+
+def _spec_of(q, v, **options):
+    """The Spec flash_attn_func builds for these arguments (through its own mapping)."""
+    sink = options.pop("learnable_sink", None)
+    key, _ = flash_attn._spec_and_inputs(q, v, options.get("softmax_scale"), options.get("causal", False),
+                                         options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
+                                         options.get("alibi_slopes"), sink, heads=q.shape[-2],
+                                         batch=q.shape[0] if q.dim() == 4 else None)
+    return autograd.spec_from_key(key)
+
+
+@pytest.mark.parametrize("options, name", [
+    ({}, "fa_bf16_d128_full"),
+    ({"causal": True}, "fa_bf16_d128_causal"),
+    ({"causal": True, "window_size": (-1, -1)}, "fa_bf16_d128_causal"),
+    ({"causal": True, "window_size": (255, 7)}, "fa_bf16_d128_win255_0"),   # causal folds right to 0
+    ({"window_size": (255, 7)}, "fa_bf16_d128_win255_7"),
+    ({"causal": True, "softcap": 30.0}, "fa_bf16_d128_causal_softcap"),
+    ({"softmax_scale": 0.125}, "fa_bf16_d128_full_scale0p125"),
+    ({"softmax_scale": 128 ** -0.5}, "fa_bf16_d128_full"),                 # the default, given
+    ({"causal": True, "alibi_slopes": torch.ones(4)}, "fa_bf16_d128_causal_alibi"),
+    ({"alibi_slopes": torch.ones(2, 4), "softcap": 5.0}, "fa_bf16_d128_full_softcap_alibi_bh"),
+    ({"causal": True, "learnable_sink": torch.zeros(4)}, "fa_bf16_d128_causal_sink"),
+])
+def test_spec_names(options, name):
+    q = _meta(2, 9, 4, 128)
+    spec = _spec_of(q, q, **options)
+    assert spec.name == name
+    assert spec.alignment.value == "bottom_right"
+
+
+def test_qk_and_v_head_dims_in_the_name():
+    q, v = _meta(1, 5, 2, 192), _meta(1, 5, 2, 128)
+    assert _spec_of(q, v, causal=True).name == "fa_bf16_qk192_v128_causal"
+    assert _spec_of(q.half(), v.half()).name == "fa_fp16_qk192_v128_full"
+
+
+def test_a_repeated_call_builds_no_spec_and_compiles_nothing():
+    q, k = _meta(2, 33, 4, 64), _meta(2, 40, 2, 64)
+    fa_gen.flash_attn_func(q, k, k, causal=True, softcap=20.0)
+    misses, specs = flash_spec.cache_info().misses, len(_BY_KEY)
+    for softcap in (20.0, 3.5, 50.0):  # the value is a runtime input: the same spec
+        out = fa_gen.flash_attn_func(q, k, k, causal=True, softcap=softcap)
+    assert out.shape == q.shape
+    assert flash_spec.cache_info().misses == misses and len(_BY_KEY) == specs
+
+
+def test_runtime_values_travel_as_inputs():
+    q = _meta(2, 9, 4, 64)
+    slopes, sink = torch.ones(4, device="meta"), torch.zeros(4, device="meta", dtype=torch.bfloat16)
+    key, inputs = flash_attn._spec_and_inputs(q, q, None, True, (-1, -1), 7.5, slopes, sink, heads=4, batch=2)
+    spec = autograd.spec_from_key(key)
+    assert {d.name for d in spec.inputs} == {"softcap", "slopes", "sinks"}
+    assert inputs["softcap"] == 7.5 and inputs["slopes"] is slopes
+    assert inputs["sinks"].dtype == torch.float32  # a bf16 sink parameter is cast (differentiably)
+    assert "softcap" not in spec.canonical_json().split('"inputs"')[0]  # no value compiled in
+    assert "7.5" not in spec.canonical_json()
+
+
+def _fa2_reference(q, k, v, causal, window, scale, softcap, slopes, sink):
+    """FlashAttention-2's documented semantics, written from its docstring, float64, no fa_gen code:
+    scaled scores, soft-capped, minus slope * |i + sk - sq - j|, window (left, right) bottom-right,
+    causal right = 0, a sink logit in the denominator."""
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    kx, vx = (x.double().repeat_interleave(hq // hk, dim=2) for x in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kx) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq).view(-1, 1) + sk - sq
+    j = torch.arange(sk).view(1, -1)
+    if slopes is not None:
+        per = slopes.double().view(-1, hq, 1, 1)  # (heads,) or (batch, heads)
+        s = s - per * (i - j).abs()
+    left, right = window
+    right = 0 if causal else right
+    visible = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        visible &= j >= i - left
+    if right >= 0:
+        visible &= j <= i + right
+    s = s.masked_fill(~visible, -math.inf)
+    if sink is not None:
+        s = torch.cat([s, sink.double().view(1, hq, 1, 1).expand(b, hq, sq, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    if sink is not None:
+        p = p[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", p, vx)
+
+
+@pytest.mark.parametrize("options", [
+    {"causal": True},
+    {"causal": True, "window_size": (5, 3)},
+    {"window_size": (4, 2)},
+    {"window_size": (0, 0)},
+    {"causal": True, "softcap": 2.0, "softmax_scale": 0.4},
+    {"causal": True, "alibi": (4,)},
+    {"alibi": (3, 4), "softcap": 3.0},
+    {"causal": True, "sink": True, "window_size": (6, -1)},
+], ids=str)
+@pytest.mark.parametrize("lengths", [(11, 11), (7, 13), (13, 7)], ids=str)
+def test_spec_semantics_match_flash_attention(options, lengths):
+    """The spec each configuration builds means what FlashAttention-2 computes (float64 reference)."""
+    options = dict(options)
+    g = torch.Generator().manual_seed(0)
+    sq, sk = lengths
+    q, k, v = (torch.randn(3, n, h, 64, generator=g) for n, h in ((sq, 4), (sk, 2), (sk, 2)))
+    alibi = options.pop("alibi", None)
+    slopes = torch.rand(*alibi, generator=g) if alibi else None
+    sink = torch.randn(4, generator=g) if options.pop("sink", False) else None
+    key, inputs = flash_attn._spec_and_inputs(q.bfloat16(), v, options.get("softmax_scale"),
+                                              options.get("causal", False), options.get("window_size", (-1, -1)),
+                                              options.get("softcap", 0.0), slopes, sink, heads=4, batch=3)
+    spec = autograd.spec_from_key(key)
+    got, _ = attention_reference(q, k, v, spec, inputs=inputs)
+    want = _fa2_reference(q, k, v, options.get("causal", False), options.get("window_size", (-1, -1)),
+                          options.get("softmax_scale") or 64 ** -0.5, options.get("softcap", 0.0), slopes, sink)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_return_conventions():
+    q = _meta(2, 9, 4, 64)
+    assert isinstance(fa_gen.flash_attn_func(q, q, q), torch.Tensor)
+    out, lse = fa_gen.flash_attn_func(q, q, q, return_lse=True)
+    assert lse.shape == (2, 4, 9) and lse.dtype == torch.float32
+    out, lse, probs = fa_gen.flash_attn_func(q, q, q, return_attn_probs=True)
+    assert probs is None and out.shape == q.shape
+
+
+def test_varlen_shapes_and_int64_cu_seqlens():
+    q, k = _meta(20, 4, 64), _meta(30, 2, 64)
+    cu_q = torch.tensor([0, 5, 20], device="meta")                  # int64, as some callers build them
+    cu_k = torch.tensor([0, 10, 30], dtype=torch.int32, device="meta")
+    out, lse = fa_gen.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 15, 20, causal=True, softcap=4.0,
+                                             alibi_slopes=torch.ones(4, device="meta"), return_lse=True)
+    assert out.shape == (20, 4, 64) and lse.shape == (4, 20)
+
+
+@pytest.mark.parametrize("call, argument", [
+    (lambda q: fa_gen.flash_attn_func(q, q, q, dropout_p=0.1), "dropout_p=0.1"),
+    (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(-1, 5)), "window_size=(-1, 5)"),
+    (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(3,)), "window_size=(3,)"),
+    (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(-2, 0)), "window_size=(-2, 0)"),
+    (lambda q: fa_gen.flash_attn_func(q.float(), q.float(), q.float()), "q.dtype torch.float32"),
+    (lambda q: fa_gen.flash_attn_func(q[..., :40], q[..., :40], q[..., :40]), "the head dims"),
+    (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9, block_table=q), "block_table"),
+    (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9,
+                                             learnable_sink=torch.zeros(4)), "learnable_sink"),
+    (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9,
+                                             alibi_slopes=torch.ones(2, 4)), "alibi_slopes"),
+    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, rotary_cos=q), "rotary_cos"),
+    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, cache_leftpad=q), "cache_leftpad"),
+])
+def test_unsupported_arguments_are_named(call, argument):
+    q = _meta(2, 9, 4, 64)
+    with pytest.raises(UnsupportedError) as info:
+        call(q)
+    assert str(info.value).startswith(argument), str(info.value)
+    assert info.value.reasons and all(info.value.reasons)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q: fa_gen.flash_attn_func(q, q, q, softcap=-1.0), "softcap must be"),
+    (lambda q: fa_gen.flash_attn_func(q, q, q, softmax_scale=0.0), "softmax_scale must be"),
+    (lambda q: fa_gen.flash_attn_func(q, q, q, alibi_slopes=torch.ones(4, dtype=torch.float16)), "float32"),
+    (lambda q: fa_gen.flash_attn_func(q, q, q, alibi_slopes=torch.ones(3)), r"shape \(heads,\)"),
+    (lambda q: fa_gen.flash_attn_func(q, q, q, learnable_sink=torch.zeros(2, 4)), "learnable_sink must"),
+    (lambda q: fa_gen.flash_attn_func(q, q[0], q), "k must be a 4-D"),
+    (lambda q: fa_gen.flash_attn_func(q, q.half(), q), "share a dtype"),
+    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, k=q), "k and v together"),
+])
+def test_bad_values_are_input_errors(call, message):
+    with pytest.raises(InputError, match=message):
+        call(_meta(2, 9, 4, 64))
+
+
+def test_autograd_reaches_q_k_v_and_the_sink():
+    q, k = _meta(2, 33, 4, 64, grad=True), _meta(2, 40, 2, 64, grad=True)
+    sink = torch.zeros(4, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    out = fa_gen.flash_attn_func(q, k, k, causal=True, learnable_sink=sink, window_size=(16, 0))
+    out.float().sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and sink.grad.shape == sink.shape
+
+
+def test_torch_compile_fullgraph_traces_flash_attn_func():
+    def loss(q, k, v, slopes, sink, softcap):
+        a = fa_gen.flash_attn_func(q, k, v, causal=True, softcap=softcap, learnable_sink=sink, window_size=(31, 0))
+        b, lse = fa_gen.flash_attn_func(q, k, v, alibi_slopes=slopes, return_lse=True)
+        return (a.float() + b.float()).sum() + lse.sum()
+
+    torch._dynamo.reset()
+    q, k = _meta(2, 33, 4, 64, grad=True), _meta(2, 40, 2, 64, grad=True)
+    sink = torch.zeros(4, device="meta", requires_grad=True)
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")  # any graph break is an error
+    compiled(q, k, k, torch.ones(4, device="meta"), sink, 20.0).backward()
+    assert q.grad.shape == q.shape and sink.grad.shape == sink.shape
+    misses = flash_spec.cache_info().misses
+    compiled(q, k, k, torch.ones(4, device="meta"), sink, 20.0)
+    compiled(q, k, k, torch.ones(4, device="meta"), sink, 3.5)  # another softcap: a SymFloat, the same spec
+    assert flash_spec.cache_info().misses == misses
+
+
+def test_torch_compile_with_changing_compile_time_arguments():
+    """A softmax_scale, window or head dim that changes between calls arrives symbolic once
+    torch.compile marks it dynamic (found on the H100 for softcap): made a constant again, never
+    a graph break; a changing softcap stays one spec."""
+    def call(q, softcap, scale, left):
+        return fa_gen.flash_attn_func(q, q, q, causal=True, softcap=softcap, softmax_scale=scale,
+                                      window_size=(left, 0))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+    names = set()
+    for dim in (64, 128):
+        q = _meta(2, 33, 4, dim)
+        for softcap, scale, left in ((7.5, 0.1, 10), (3.0, 0.2, 11), (5.0, 0.3, 12), (6.0, 0.3, 12)):
+            assert compiled(q, softcap, scale, left).shape == q.shape
+            names.add(_spec_of(q, q, causal=True, softcap=softcap, softmax_scale=scale, window_size=(left, 0)).name)
+    assert len(names) == 6 and "fa_bf16_d128_win12_0_scale0p3_softcap" in names
+
+
+class _FakeKvcache:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, spec, k_new=None, v_new=None, page_table=None,
+                 cache_batch_idx=None, num_splits=0, pack_gqa=None, inputs=None):
+        self.calls.append(dict(cache_seqlens=cache_seqlens, spec=spec, k_new=k_new, v_new=v_new,
+                               page_table=page_table, cache_batch_idx=cache_batch_idx, num_splits=num_splits,
+                               pack_gqa=pack_gqa, inputs=inputs))
+        return torch.zeros_like(q), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+
+@pytest.fixture
+def fake_kvcache(monkeypatch):
+    fake = _FakeKvcache()
+    monkeypatch.setattr(fa_gen, "attention_with_kvcache", fake, raising=False)
+    return fake
+
+
+def test_kvcache_arguments_map_onto_attention_with_kvcache(fake_kvcache):
+    q = torch.randn(3, 1, 8, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(3, 100, 2, 128, dtype=torch.bfloat16)
+    new = torch.randn(3, 1, 2, 128, dtype=torch.bfloat16)
+    lengths = torch.tensor([5, 0, 99], dtype=torch.int32)
+    out, lse = fa_gen.flash_attn_with_kvcache(q, cache, cache, k=new, v=new, cache_seqlens=lengths, causal=True,
+                                              softcap=15.0, num_splits=3, return_softmax_lse=True,
+                                              cache_batch_idx=torch.tensor([2, 0, 1], dtype=torch.int32))
+    call = fake_kvcache.calls[-1]
+    assert out.shape == q.shape and lse.shape == (3, 8, 1)
+    assert call["spec"].name == "fa_bf16_d128_causal_softcap" and call["inputs"] == {"softcap": 15.0}
+    assert call["k_new"] is new and call["v_new"] is new and call["cache_seqlens"] is lengths
+    assert call["num_splits"] == 3 and call["page_table"] is None and call["cache_batch_idx"].tolist() == [2, 0, 1]
+
+
+def test_kvcache_int_and_missing_lengths_and_block_table(fake_kvcache):
+    q = torch.randn(2, 4, 8, 64, dtype=torch.float16)
+    pages = torch.zeros(10, 16, 2, 64, dtype=torch.float16)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    out = fa_gen.flash_attn_with_kvcache(q, pages, pages, block_table=table, window_size=(8, 0))
+    call = fake_kvcache.calls[-1]
+    assert isinstance(out, torch.Tensor) and call["page_table"] is table
+    assert call["cache_seqlens"].tolist() == [48, 48] and call["cache_seqlens"].dtype == torch.int32
+    assert call["spec"].name == "fa_fp16_d64_win8_0" and call["inputs"] is None
+    fa_gen.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=7, k=q[:, :, :2], v=q[:, :, :2])
+    assert fake_kvcache.calls[-1]["cache_seqlens"].tolist() == [7, 7]
+    with pytest.raises(InputError, match="cache_seqlens is required"):
+        fa_gen.flash_attn_with_kvcache(q, pages, pages, k=q[:, :, :2], v=q[:, :, :2])
+
+
+def test_kvcache_without_the_kv_cache_forward_is_unsupported(monkeypatch):
+    monkeypatch.delattr(fa_gen, "attention_with_kvcache", raising=False)
+    q = _meta(2, 1, 4, 64)
+    with pytest.raises(UnsupportedError, match="attention_with_kvcache"):
+        fa_gen.flash_attn_with_kvcache(q, q, q)
+
+
+def test_spec_mapping_is_a_valid_yaml_shape():
+    config = FlashConfig("fp16", 64, 64, True, (10, 0), 0.2, softcap=True, alibi="heads", sink=True)
+    fields = spec_mapping(config)
+    assert fields["mask"] == {"kind": "sliding_window", "left": 10, "right": 0}
+    assert fields["score_mod"]["expr"].startswith("softcap * tanh(score / softcap) - slopes[h]")
+    assert flash_spec(config) is flash_spec(config)
