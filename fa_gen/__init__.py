@@ -32,6 +32,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options)
 
 
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, spec, **options):
+    """Append k_new/v_new to a (paged) KV cache and attend over it, forward only; see `fa_gen.api.kvcache`."""
+    from .api import attention_with_kvcache as _attention_with_kvcache
+
+    return _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, spec, **options)
+
+
 def merge_attention_states(outs, lses):
     """`out, lse = merge_attention_states(outs, lses)`: merge partial results by LSE; see `fa_gen.combine`."""
     from .api import merge_attention_states as _merge
@@ -50,6 +57,7 @@ def __getattr__(name):
 
 __all__ = [
     "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
-    "SpecError", "UnsupportedError", "attention", "attention_varlen", "build", "load_spec", "merge_attention_states",
+    "SpecError", "UnsupportedError", "attention", "attention_varlen", "attention_with_kvcache", "build", "load_spec",
+    "merge_attention_states",
     "__version__",
 ]
