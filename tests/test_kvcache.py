@@ -107,9 +107,9 @@ def test_paged_kinds_are_registered():
 
 def test_paged_render_reads_pages():
     text = render(resolve_spec(SPEC), "sm_90a", "sm80", kind="forward_varlen_split_paged_pack4").text
-    assert "class PagedRows" in text and "mPageTable: cute.Tensor" in text
+    assert "class PagedKV" in text and "mPageTable: cute.Tensor" in text
     plain = render(resolve_spec(SPEC), "sm_90a", "sm80", kind="forward_varlen_split_pack4").text
-    assert "PagedRows" not in plain and "mPageTable" not in plain
+    assert "PagedKV" not in plain and "mPageTable" not in plain
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
