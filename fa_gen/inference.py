@@ -128,8 +128,10 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    seqused_k: torch.Tensor | None = None, num_splits: int | None = None, inputs=None,
-                   arch: str | None = None, pack_gqa: bool | None = None):
-    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring."""
+                   arch: str | None = None, pack_gqa: bool | None = None, whole_range: bool = True):
+    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring.
+    whole_range=False keeps to the split kinds (one split included), never the whole-key-range
+    kernel, whose tiles may read key rows past seqused_k."""
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     arch = arch or current_arch()
     batch = cu_seqlens_q.shape[0] - 1
@@ -143,7 +145,7 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if total_q == 0 or batch == 0:
         return out, lse.fill_(-math.inf)
     shape = (max_seqlen_q, max_seqlen_k, heads_q, batch, group, q.device)
-    if group == 1 and num_splits in (None, 0, 1):
+    if whole_range and group == 1 and num_splits in (None, 0, 1):
         # The whole-key-range kernel (the sm90 family's on Hopper), unless its tiles leave the GPU idle.
         whole = inference_kernel(spec, arch, "forward_varlen")
         if num_splits == 1 or _varlen_splits(whole, *shape) == 1:

@@ -32,10 +32,12 @@ def test_pages_hold_the_contiguous_rows_in_table_order():
 
 
 def test_summary_ratios():
-    cell = {"name": "c", "results": [{"impl": "fa_gen_paged", "gbps": 100.0}, {"impl": "fa_gen_split", "gbps": 125.0},
+    cell = {"name": "c", "results": [{"impl": "fa_gen_paged", "gbps": 90.0}, {"impl": "fa_gen_paged_graph", "gbps": 100.0},
+                                     {"impl": "fa_gen_split", "gbps": 125.0},
                                      {"impl": "fa_gen_contiguous", "gbps": 120.0}, {"impl": "fa4_paged", "gbps": 80.0},
                                      {"impl": "fa4_paged_splits", "error": "RuntimeError: x"}]}
     summary = bench.summarize_paged(cell, 1000.0)
     assert summary["paged_over_contiguous"] == 0.8 and summary["contiguous_impl"] == "fa_gen_split"
+    assert summary["paged_impl"] == "fa_gen_paged_graph"
     assert summary["paged_over_fa4_paged"] == 1.25 and summary["fa4_impl"] == "fa4_paged"
-    assert "| c | 100 |" in bench.paged_table([summary], list(bench.PAGED_IMPLS))
+    assert "| c | 90 | 100 |" in bench.paged_table([summary], list(bench.PAGED_IMPLS))

@@ -44,10 +44,8 @@ PAGE_SIZES = (1, 16, 48, 64, 256)
 def _kinds():
     from fa_gen.inference import packed_kind
 
-    kinds = []
-    for base in ("forward_varlen_split_paged", "forward_varlen_split"):
-        kinds += [packed_kind(base, g) for g in GROUPS]
-    return kinds + ["forward_varlen"]
+    # Contiguous caches take the varlen split kinds too (fa_gen.api.kvcache._attend_contiguous).
+    return [packed_kind(base, g) for base in ("forward_varlen_split_paged", "forward_varlen_split") for g in GROUPS]
 
 
 def _build(spec, arch, kind):

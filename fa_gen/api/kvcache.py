@@ -17,9 +17,10 @@ import os
 
 import torch
 
+from ..autograd import spec_from_key, spec_key
 from ..errors import InputError
 from ..inference import forward_paged, forward_varlen
-from ..runtime import _TORCH_DTYPES, resolve_spec
+from ..runtime import _TORCH_DTYPES
 from ..spec import Spec
 
 
@@ -55,7 +56,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     chunked prefill and speculative decoding (seqlen_q > 1) take every mask. lse is
     (batch, heads_q, seqlen_q) float32, a view of the kernel's (heads_q, batch * seqlen_q).
     """
-    spec = resolve_spec(spec)
+    # A name or path is parsed once per process (spec_key memoises it), not once per decode step.
+    spec = spec if isinstance(spec, Spec) else spec_from_key(spec_key(spec))
     with torch.no_grad():
         out, lse = _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx,
                            int(num_splits), pack_gqa, inputs)
@@ -88,7 +90,10 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
 def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q, cache_batch_idx, num_splits,
                        inputs, pack_gqa):
     """A contiguous cache as one packed key tensor: sequence b's keys start at row
-    cache_batch_idx[b] * seqlen_cache (cu_seqlens_k's last entry is never read: seqused_k is set)."""
+    cache_batch_idx[b] * seqlen_cache (cu_seqlens_k's last entry is never read: seqused_k is set).
+    Always a split kind (sm80 family): it zero-fills the rows of a key tile past a sequence's
+    length, which a cache's unused slots need (they may hold anything, NaN included); the sm90
+    whole-range varlen kernel loads them by TMA and a NaN there reaches the output."""
     batch_cache, seqlen_cache, heads_kv, _ = k_cache.shape
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(0) != seqlen_cache * t.stride(1):
@@ -101,7 +106,7 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     k = k_cache.view(batch_cache * seqlen_cache, heads_kv, k_cache.shape[-1])
     v = v_cache.view(batch_cache * seqlen_cache, heads_kv, v_cache.shape[-1])
     return forward_varlen(spec, packed_q, k, v, cu_q, cu_k, seqlen_q, seqlen_cache, seqused, num_splits or None,
-                          inputs, pack_gqa=pack_gqa)
+                          inputs, pack_gqa=pack_gqa, whole_range=False)
 
 
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
