@@ -76,7 +76,9 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
         seqlen_new = k_new.shape[1]
         append_to_cache(k_cache, v_cache, k_new, v_new, lengths, page_table, cache_batch_idx)
     seqused = lengths + seqlen_new if seqlen_new else lengths
-    cu_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * seqlen_q
+    # [0, seqlen_q, 2 seqlen_q, ...]: one launch (host time is what a decode step has least of).
+    cu_q = (torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32, device=q.device) if seqlen_q
+            else torch.zeros(batch + 1, dtype=torch.int32, device=q.device))
     packed_q = q.reshape(batch * seqlen_q, heads_q, q.shape[-1])
     if page_table is not None:
         out, lse = forward_paged(spec, packed_q, k_cache, v_cache, page_table, cu_q, seqused, seqlen_q,
