@@ -133,16 +133,12 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     whole_range=False keeps to the split kinds (one split included), never the whole-key-range
     kernel, whose tiles may read key rows past seqused_k."""
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
-    arch = arch or current_arch()
-    batch = cu_seqlens_q.shape[0] - 1
-    heads_q, total_q = q.shape[1], q.shape[0]
-    group = gqa_pack(spec, arch, "forward_varlen_split", heads_q // k.shape[1], max_seqlen_q, pack_gqa)
-    extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
-    out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
+    arch, group, extra, out, lse = _varlen_call(spec, q, k.shape[1], "forward_varlen_split", max_seqlen_q, pack_gqa,
+                                                inputs, arch)
+    batch, heads_q = cu_seqlens_q.shape[0] - 1, q.shape[1]
     used = seqused_k if seqused_k is not None else cu_seqlens_k
     sequences = (cu_seqlens_q, cu_seqlens_k, used, int(seqused_k is not None), max(int(max_seqlen_q), 1))
-    if total_q == 0 or batch == 0:
+    if q.shape[0] == 0 or batch == 0:
         return out, lse.fill_(-math.inf)
     shape = (max_seqlen_q, max_seqlen_k, heads_q, batch, group, q.device)
     if whole_range and group == 1 and num_splits in (None, 0, 1):
@@ -166,21 +162,29 @@ def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     max_pages * page_size stands for the longest sequence), so a captured CUDA graph replays
     with new lengths and page tables."""
     _check_paged(spec, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q)
-    arch = arch or current_arch()
-    batch = cu_seqlens_q.shape[0] - 1
-    heads_q, total_q = q.shape[1], q.shape[0]
-    group = gqa_pack(spec, arch, "forward_varlen_split_paged", heads_q // k_cache.shape[2], max_seqlen_q, pack_gqa)
-    extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
-    out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
-    if total_q == 0 or batch == 0:
-        return out, lse
+    arch, group, extra, out, lse = _varlen_call(spec, q, k_cache.shape[2], "forward_varlen_split_paged", max_seqlen_q,
+                                                pack_gqa, inputs, arch)
+    batch, heads_q = cu_seqlens_q.shape[0] - 1, q.shape[1]
+    if q.shape[0] == 0 or batch == 0:
+        return out, lse.fill_(-math.inf)
     kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split_paged", group))
     # cu_seqlens_k is not read (use_seqused_k is set): cu_seqlens_q stands in for it.
     sequences = (cu_seqlens_q, cu_seqlens_q, seqused_k, 1, max(int(max_seqlen_q), 1), page_table)
     capacity = page_table.shape[1] * k_cache.shape[1]
     splits = num_splits or _varlen_splits(kern, max_seqlen_q, capacity, heads_q, batch, group, q.device)
     return _run_split(kern, (q, k_cache, v_cache), out, lse, sequences, splits, extra)
+
+
+def _varlen_call(spec: Spec, q: torch.Tensor, heads_kv: int, kind: str, max_seqlen_q: int, pack_gqa, inputs, arch):
+    """What a varlen call of the split `kind` (packed q (total_q, hq, d)) sets up: (arch, GQA
+    pack, the spec's inputs as kernel arguments, out (total_q, hq, d_v), lse (hq, total_q))."""
+    arch = arch or current_arch()
+    heads_q, total_q = q.shape[1], q.shape[0]
+    group = gqa_pack(spec, arch, kind, heads_q // heads_kv, max_seqlen_q, pack_gqa)
+    extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
+    out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
+    return arch, group, extra, out, lse
 
 
 def _varlen_splits(kern: InferenceKernel, max_seqlen_q: int, max_seqlen_k: int, heads_q: int, batch: int,

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent import futures
-import multiprocessing
 
 import pytest
 import torch
@@ -48,27 +46,15 @@ def _kinds():
     return [packed_kind(base, g) for base in ("forward_varlen_split_paged", "forward_varlen_split") for g in GROUPS]
 
 
-def _build(spec, arch, kind):
-    from fa_gen.inference import inference_kernel
-
-    inference_kernel(spec, arch, kind)
-    return spec.name, kind
-
-
 @pytest.fixture(scope="module")
 def arch():
     """Every kind the tests call, compiled up front (in parallel with FA_GEN_PRECOMPILE_JOBS)."""
+    from fa_gen.precompile import precompile_kinds
     from fa_gen.runtime import current_arch
 
     arch = current_arch()
     work = [(spec, arch, kind) for spec in SPECS for kind in _kinds()]
-    jobs = int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0"))
-    if jobs > 1:
-        context = multiprocessing.get_context("spawn")
-        with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            list(pool.map(_build, *zip(*work)))
-    for item in work:
-        _build(*item)
+    precompile_kinds(work, int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0")))
     return arch
 
 
