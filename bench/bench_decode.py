@@ -2,6 +2,7 @@
 
     python bench/bench_decode.py --commit $(git rev-parse --short HEAD) --out DIR --plot
     python bench/bench_decode.py --parts decode --cells b1_sk128k_h32/8 --impls fa_gen_raw,fa4
+    python bench/bench_decode.py --parts paged       # paged KV cache cells (bench/bench_paged.py)
 
 Decode (seqlen_q = 1): one query token per sequence against a long K/V cache; the kernel is
 memory-bound, so the metric is GB/s of K and V read = (bytes of K + bytes of V) / time, Q and
@@ -637,6 +638,13 @@ def plot_report(report: dict, path: Path) -> Path:
 
 # ---- the command ----------------------------------------------------------------------------
 
+def _paged():
+    """bench_paged's cells, implementations and runners (a module of its own: it imports this one)."""
+    import bench_paged
+
+    return bench_paged
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--commit", default="unknown")
@@ -647,11 +655,14 @@ def parse_args(argv=None):
     parser.add_argument("--impls", default=",".join(DECODE_DEFAULT),
                         help="decode implementations, of " + ",".join(DECODE_IMPLS))
     parser.add_argument("--varlen-impls", default=",".join(VARLEN_IMPLS))
+    paged = _paged()
+    parser.add_argument("--paged-impls", default=",".join(paged.PAGED_IMPLS))
     args = parser.parse_args(argv)
-    known = {c.name for c in DECODE_CELLS + VARLEN_CELLS}
+    known = {c.name for c in DECODE_CELLS + VARLEN_CELLS + paged.PAGED_CELLS}
     for option, chosen, allowed in (("--cells", args.cells, known), ("--impls", args.impls, DECODE_IMPLS),
                                     ("--varlen-impls", args.varlen_impls, VARLEN_IMPLS),
-                                    ("--parts", args.parts, {"decode", "varlen"})):
+                                    ("--paged-impls", args.paged_impls, paged.PAGED_IMPLS),
+                                    ("--parts", args.parts, {"decode", "varlen", "paged"})):
         unknown = set((chosen or "").split(",")) - set(allowed) - {""}
         if unknown:
             parser.error(f"{option}: unknown {sorted(unknown)}; known: {', '.join(sorted(allowed))}")
@@ -681,14 +692,23 @@ def main(argv=None) -> int:
         if chosen is None or cell.name in chosen:
             varlen.append(run_varlen_cell(cell, lengths, varlen_impls, timer))
             print(varlen_table(varlen[-1:], varlen_impls, lengths).splitlines()[-1], flush=True)
+    paged, paged_impls, bench_paged = [], args.paged_impls.split(","), _paged()
+    for cell in bench_paged.PAGED_CELLS if "paged" in parts else ():
+        if chosen is None or cell.name in chosen:
+            paged.append(bench_paged.run_paged_cell(cell, paged_impls, timer, copy["gbps"]))
+            print(bench_paged.paged_table(paged[-1:], paged_impls).splitlines()[-1], flush=True)
     copy["gbps_after"] = copy_bandwidth(timer)["gbps"]   # drift check; fractions use the first
     report = make_report(args.commit, torch.cuda.get_device_name(), copy, decode, varlen, lengths, argv)
+    if paged:
+        report["paged"] = paged
     write_report(report, Path(args.out), args.plot)
     print()
     if decode:
         print(decode_table(decode, copy, [n for n in impls if n in DECODE_ANCHORS]))
     if varlen:
         print(varlen_table(varlen, varlen_impls, lengths))
+    if paged:
+        print(bench_paged.paged_table(paged, paged_impls))
     return 0
 
 

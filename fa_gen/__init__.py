@@ -32,6 +32,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options)
 
 
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, spec, **options):
+    """Append k_new/v_new to a (paged) KV cache and attend over it, forward only; see `fa_gen.api.kvcache`."""
+    from .api import attention_with_kvcache as _attention_with_kvcache
+
+    return _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, spec, **options)
+
+
 def flash_attn_func(q, k, v, *args, **kwargs):
     """FlashAttention-2's flash_attn_func (plus learnable_sink, return_lse); see `fa_gen.api.flash_attn`."""
     from .api import flash_attn_func as _function
@@ -71,7 +78,7 @@ def __getattr__(name):
 
 __all__ = [
     "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
-    "SpecError", "UnsupportedError", "attention", "attention_varlen", "build", "flash_attn_func",
-    "flash_attn_varlen_func", "flash_attn_with_kvcache", "load_spec", "merge_attention_states",
+    "SpecError", "UnsupportedError", "attention", "attention_varlen", "attention_with_kvcache", "build",
+    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "load_spec", "merge_attention_states",
     "__version__",
 ]

@@ -2,6 +2,7 @@
 
     out, lse = forward_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out, lse = forward_split(spec, q, k, v)          # fixed lengths, keys split across CTAs
+    out, lse = forward_paged(spec, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q)
 
 Varlen: q (total_q, heads_q, d), k/v (total_k, heads_kv, d), sequence b is rows
 [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and the same of k/v with cu_seqlens_k, of which
@@ -14,6 +15,10 @@ Split-KV: when the query tiles cannot fill the GPU (decode: one query row agains
 each tile's key range is divided among `num_splits` CTAs writing fp32 partial outputs and LSEs
 (templates/common/splitkv.j2), merged by LSE in the combine kernel (fa_gen.combine). The merge
 reads the splits in a fixed order: deterministic by construction.
+
+Paged: the keys of packed query sequences live in caches (num_pages, page_size, heads_kv, d)
+through a page table (batch, max_pages) int32 (templates/common/kv_source.j2); the page size is
+a runtime value. Only split kinds read pages (one split writes the final output itself).
 """
 
 from __future__ import annotations
@@ -123,36 +128,79 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    seqused_k: torch.Tensor | None = None, num_splits: int | None = None, inputs=None,
-                   arch: str | None = None, pack_gqa: bool | None = None):
-    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring."""
+                   arch: str | None = None, pack_gqa: bool | None = None, whole_range: bool = True):
+    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring.
+    whole_range=False keeps to the split kinds (one split included), never the whole-key-range
+    kernel, whose tiles may read key rows past seqused_k."""
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
-    arch = arch or current_arch()
-    batch = cu_seqlens_q.shape[0] - 1
-    heads_q, total_q = q.shape[1], q.shape[0]
-    group = gqa_pack(spec, arch, "forward_varlen_split", heads_q // k.shape[1], max_seqlen_q, pack_gqa)
-    extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
-    out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
+    arch, group, extra, out, lse = _varlen_call(spec, q, k.shape[1], "forward_varlen_split", max_seqlen_q, pack_gqa,
+                                                inputs, arch)
+    batch, heads_q = cu_seqlens_q.shape[0] - 1, q.shape[1]
     used = seqused_k if seqused_k is not None else cu_seqlens_k
     sequences = (cu_seqlens_q, cu_seqlens_k, used, int(seqused_k is not None), max(int(max_seqlen_q), 1))
-    if total_q == 0 or batch == 0:
+    if q.shape[0] == 0 or batch == 0:
         return out, lse.fill_(-math.inf)
-    sms = _num_sms(q.device.index or 0)
-
-    def splits_for(kern: InferenceKernel) -> int:
-        tiles = -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
-        return num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), sms, kern.ctas_per_sm)
-
-    if group == 1 and num_splits in (None, 0, 1):
+    shape = (max_seqlen_q, max_seqlen_k, heads_q, batch, group, q.device)
+    if whole_range and group == 1 and num_splits in (None, 0, 1):
         # The whole-key-range kernel (the sm90 family's on Hopper), unless its tiles leave the GPU idle.
         whole = inference_kernel(spec, arch, "forward_varlen")
-        if num_splits == 1 or splits_for(whole) == 1:
+        if num_splits == 1 or _varlen_splits(whole, *shape) == 1:
             whole.function(q, k, v, out, lse, *sequences, *extra)
             return out, lse
     kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split", group))
-    splits = num_splits or splits_for(kern)
-    o_partial, lse_partial = _partials(splits, total_q, heads_q, spec.head_dim_v, q.device)
-    kern.function(q, k, v, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
+    return _run_split(kern, (q, k, v), out, lse, sequences, num_splits or _varlen_splits(kern, *shape), extra)
+
+
+def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, max_seqlen_q: int,
+                  num_splits: int | None = None, inputs=None, arch: str | None = None,
+                  pack_gqa: bool | None = None):
+    """(out (total_q, hq, d_v), lse (hq, total_q)) of packed queries against a paged KV cache:
+    k_cache/v_cache (num_pages, page_size, heads_kv, d), page_table (batch, max_pages) int32;
+    sequence b attends its first seqused_k[b] keys, key r being slot r % page_size of page
+    page_table[b, r // page_size]. The split count comes from shapes alone (the table's capacity
+    max_pages * page_size stands for the longest sequence), so a captured CUDA graph replays
+    with new lengths and page tables."""
+    _check_paged(spec, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q)
+    arch, group, extra, out, lse = _varlen_call(spec, q, k_cache.shape[2], "forward_varlen_split_paged", max_seqlen_q,
+                                                pack_gqa, inputs, arch)
+    batch, heads_q = cu_seqlens_q.shape[0] - 1, q.shape[1]
+    if q.shape[0] == 0 or batch == 0:
+        return out, lse.fill_(-math.inf)
+    kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split_paged", group))
+    # cu_seqlens_k is not read (use_seqused_k is set): cu_seqlens_q stands in for it.
+    sequences = (cu_seqlens_q, cu_seqlens_q, seqused_k, 1, max(int(max_seqlen_q), 1), page_table)
+    capacity = page_table.shape[1] * k_cache.shape[1]
+    splits = num_splits or _varlen_splits(kern, max_seqlen_q, capacity, heads_q, batch, group, q.device)
+    return _run_split(kern, (q, k_cache, v_cache), out, lse, sequences, splits, extra)
+
+
+def _varlen_call(spec: Spec, q: torch.Tensor, heads_kv: int, kind: str, max_seqlen_q: int, pack_gqa, inputs, arch):
+    """What a varlen call of the split `kind` (packed q (total_q, hq, d)) sets up: (arch, GQA
+    pack, the spec's inputs as kernel arguments, out (total_q, hq, d_v), lse (hq, total_q))."""
+    arch = arch or current_arch()
+    heads_q, total_q = q.shape[1], q.shape[0]
+    group = gqa_pack(spec, arch, kind, heads_q // heads_kv, max_seqlen_q, pack_gqa)
+    extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
+    out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
+    return arch, group, extra, out, lse
+
+
+def _varlen_splits(kern: InferenceKernel, max_seqlen_q: int, max_seqlen_k: int, heads_q: int, batch: int,
+                   group: int, device) -> int:
+    """Key splits of a varlen call's tiles, from the longest lengths and the GPU's SM count."""
+    tiles = -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
+    return num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(device.index or 0), kern.ctas_per_sm)
+
+
+def _run_split(kern: InferenceKernel, qkv: tuple, out: torch.Tensor, lse: torch.Tensor, sequences: tuple,
+               splits: int, extra: list):
+    """Launch a varlen split kind into out (total_q, hq, d_v) / lse (hq, total_q), then merge its
+    partials (none with one split: the kernel writes out and lse itself)."""
+    total_q, heads_q, head_dim_v = out.shape
+    o_partial, lse_partial = _partials(splits, total_q, heads_q, head_dim_v, out.device)
+    kern.function(*qkv, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
     if splits > 1:
         _combine()(o_partial, lse_partial, out, lse)
     return out, lse
@@ -261,11 +309,7 @@ def _check_varlen(spec: Spec, q, k, v, cu_q, cu_k, used_k, max_seqlen_q, max_seq
     if k.shape[0] != v.shape[0]:
         raise InputError(f"k and v must have the same number of tokens; got {k.shape[0]} and {v.shape[0]}")
     cu = {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, **({"seqused_k": used_k} if used_k is not None else {})}
-    for name, t in cu.items():
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
-            raise InputError(f"{name} must be a contiguous 1-D int32 tensor; got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
-                             f"{' ' + str(t.dtype) if isinstance(t, torch.Tensor) else ''}")
+    _check_int32_vectors(**cu)
     if cu_q.shape[0] < 1 or cu_k.shape[0] != cu_q.shape[0]:
         raise InputError(f"cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 1 entries; got "
                          f"{cu_q.shape[0]} and {cu_k.shape[0]}")
@@ -275,6 +319,34 @@ def _check_varlen(spec: Spec, q, k, v, cu_q, cu_k, used_k, max_seqlen_q, max_seq
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InputError(f"{name} must be an int >= 0 (the longest sequence); got {value!r}")
     _check_device(q=q, k=k, v=v, **cu)
+
+
+def _check_paged(spec: Spec, q, k_cache, v_cache, page_table, cu_q, used_k, max_seqlen_q) -> None:
+    _check_tensor(spec, "q", q, 3, "(total_q, heads, head_dim)")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(spec, name, t, 4, "(num_pages, page_size, heads_kv, head_dim)")
+    _check_heads(spec, q, k_cache, v_cache, -2)
+    if k_cache.shape[:2] != v_cache.shape[:2] or k_cache.shape[1] == 0:
+        raise InputError(f"k_cache and v_cache must agree in pages and page size (>= 1); got {tuple(k_cache.shape)} "
+                         f"and {tuple(v_cache.shape)}")
+    _check_int32_vectors(cu_seqlens_q=cu_q, seqused_k=used_k)
+    if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32 or page_table.dim() != 2 \
+            or page_table.stride(-1) != 1:
+        raise InputError("page_table must be a 2-D int32 tensor (batch, max_pages) with a contiguous last dimension")
+    if page_table.shape[0] != cu_q.shape[0] - 1 or used_k.shape[0] != cu_q.shape[0] - 1:
+        raise InputError(f"page_table ({page_table.shape[0]} rows) and seqused_k ({used_k.shape[0]}) must have one "
+                         f"entry per sequence ({cu_q.shape[0] - 1})")
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+        raise InputError(f"max_seqlen_q must be an int >= 0 (the longest sequence); got {max_seqlen_q!r}")
+    _check_device(q=q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cu_seqlens_q=cu_q, seqused_k=used_k)
+
+
+def _check_int32_vectors(**vectors) -> None:
+    for name, t in vectors.items():
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
+            raise InputError(f"{name} must be a contiguous 1-D int32 tensor; got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+                             f"{' ' + str(t.dtype) if isinstance(t, torch.Tensor) else ''}")
 
 
 @functools.lru_cache(maxsize=None)

@@ -33,3 +33,21 @@ def precompile(pairs: list[tuple], jobs: int | None = None, log=print) -> float:
             name, arch, seconds, compiled = done.result()
             log(f"  {name} {arch}: {'compiled' if compiled else 'cached'} in {seconds:.1f} s")
     return time.perf_counter() - start
+
+
+def _load_kind(spec: Spec, arch: str, kind: str) -> tuple[str, str]:
+    from .inference import inference_kernel
+
+    inference_kernel(spec, arch, kind)
+    return spec.name, kind
+
+
+def precompile_kinds(work: list[tuple[Spec, str, str]], jobs: int = 0) -> None:
+    """Compile every (spec, arch, kind) inference kernel (fa_gen.inference.inference_kernel) into
+    the disk cache, in `jobs` processes when jobs > 1, then load each into this process."""
+    if jobs > 1:
+        context = multiprocessing.get_context("spawn")  # no inherited CUDA or DSL state
+        with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            list(pool.map(_load_kind, *zip(*work)))
+    for item in work:
+        _load_kind(*item)

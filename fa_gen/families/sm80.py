@@ -7,6 +7,7 @@ instruction it uses exists on Hopper) until a Hopper family takes precedence.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
 from ..arch_table import arch_info
 from ..spec import DType, Spec
@@ -15,13 +16,27 @@ from .warp_tiles import smem_atom_cols, tile_reasons
 from .expressions import backward_expression_context, expression_context
 from ..variant.tree import names_used
 
-# Forward kinds for inference calls: kind -> (varlen, split-KV, GQA pack). A packed kind puts
-# PACK query heads of one KV head on the tile's rows (PACK divides the split tile's 64 rows).
+
+
+class CallKind(NamedTuple):
+    """What an inference kind renders (the template context keys of the same names)."""
+
+    varlen: bool         # packed sequences located by cu_seqlens (templates/common/seqlen.j2)
+    split: bool          # keys split across CTAs, partials merged by LSE (common/splitkv.j2)
+    pack: int            # query heads of one KV head on one tile's rows (1: none)
+    paged: bool = False  # K/V in pages through a page table (common/kv_source.j2)
+
+
+# Forward kinds for inference calls. A packed kind puts PACK query heads of one KV head on the
+# tile's rows (PACK divides the split tile's 64 rows). Paged K/V come only with varlen split kinds
+# (one split writes the final output itself), as fa_gen.api.kvcache calls them.
 GQA_PACKS = (2, 4, 8, 16, 32, 64)
-INFERENCE_KINDS = {"forward_varlen": (True, False, 1), "forward_split": (False, True, 1),
-                   "forward_varlen_split": (True, True, 1),
-                   **{f"forward_split_pack{g}": (False, True, g) for g in GQA_PACKS},
-                   **{f"forward_varlen_split_pack{g}": (True, True, g) for g in GQA_PACKS}}
+INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": CallKind(False, True, 1),
+                   "forward_varlen_split": CallKind(True, True, 1),
+                   "forward_varlen_split_paged": CallKind(True, True, 1, True),
+                   **{f"forward_split_pack{g}": CallKind(False, True, g) for g in GQA_PACKS},
+                   **{f"forward_varlen_split_pack{g}": CallKind(True, True, g) for g in GQA_PACKS},
+                   **{f"forward_varlen_split_paged_pack{g}": CallKind(True, True, g, True) for g in GQA_PACKS}}
 
 # Backward kinds: the fixed-length one (in generated/) and the varlen one (rendered on demand).
 BACKWARD_KINDS = ("backward", "backward_varlen")
@@ -115,15 +130,15 @@ class Sm80Family(Family):
         shapes; these kinds list none and apply the element mask to every tile they visit
         (`listed` false). A sink logit enters split 0's partial only."""
         packable = gqa_packable(spec)
-        kinds = {kind: (self.forward_template, f"{kind}.py") for kind, (_, _, pack) in INFERENCE_KINDS.items()
-                 if pack == 1 or packable}
+        kinds = {kind: (self.forward_template, f"{kind}.py") for kind, call in INFERENCE_KINDS.items()
+                 if call.pack == 1 or packable}
         return {**kinds, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
         if kind in INFERENCE_KINDS:
-            varlen, split, pack = INFERENCE_KINDS[kind]
-            context = {"varlen": varlen, "split": split, "pack": pack, **_unlisted(expression_context(spec))}
-            if split:
+            call = INFERENCE_KINDS[kind]
+            context = {**call._asdict(), **_unlisted(expression_context(spec))}
+            if call.split:
                 cfg = split_tile_config(spec, arch)
                 smem = arch_info(arch).max_smem_per_block
                 context["tile"] = asdict(cfg)
@@ -177,6 +192,7 @@ class Sm80Family(Family):
             "varlen": False,
             "split": False,
             "pack": 1,
+            "paged": False,
         }
 
 

@@ -1,0 +1,219 @@
+"""`fa_gen.attention_with_kvcache`: append new keys and values to a KV cache, then attend over it.
+
+    out, lse = fa_gen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, spec="causal_bf16_d128",
+                                             k_new=k, v_new=v, page_table=page_table)
+
+The call packs the batch's queries as a varlen batch (cu_seqlens built on the device) and runs
+the varlen split-KV forwards of fa_gen.inference: contiguous caches as packed keys located by
+offsets, paged caches through their page table. Every size the call uses (grid, split count,
+partial buffers) comes from tensor shapes, never from tensor values, and nothing reads the
+device on the host: a decode step captured once in a CUDA graph replays with new cache_seqlens
+and page-table contents.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..autograd import spec_from_key, spec_key
+from ..errors import InputError
+from ..inference import forward_paged, forward_varlen
+from ..runtime import _TORCH_DTYPES
+from ..spec import Spec
+
+
+def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens,
+                           spec: Spec | str | os.PathLike, k_new: torch.Tensor | None = None,
+                           v_new: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
+                           cache_batch_idx: torch.Tensor | None = None, num_splits: int = 0,
+                           pack_gqa: bool | None = None, inputs=None):
+    """Attention of q against a KV cache, after writing k_new/v_new into it: `out, lse` (or
+    `out` when the spec has return_lse false). Forward only (inference): no autograd graph is
+    recorded (torch.no_grad semantics) and no gradient flows to any argument.
+
+    q: (batch, seqlen_q, heads_q, d).
+    k_cache, v_cache: contiguous (batch_cache, seqlen_cache, heads_kv, d), or paged
+        (num_pages, page_size, heads_kv, d) with `page_table`; any page size >= 1.
+    cache_seqlens: keys already in the cache per sequence, an int32 (batch,) tensor on the
+        device, or an int for every sequence.
+    k_new, v_new: (batch, seqlen_new, heads_kv, d) written in place at positions
+        cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 of sequence b (through the page
+        table when paged); sequence b then attends its cache_seqlens[b] + seqlen_new keys. The
+        positions must lie inside the cache (seqlen_cache, or max_pages * page_size): nothing
+        checks the lengths on the host, which would synchronise with the device.
+    page_table: (batch, max_pages) int32: key r of sequence b is slot r % page_size of page
+        page_table[b, r // page_size].
+    cache_batch_idx: (batch,) int32/int64, the cache row of each sequence (contiguous caches only;
+        default: row b).
+    num_splits: key splits per query tile (0: chosen from the shapes and the SM count).
+    pack_gqa: the query heads of a KV head on one tile's rows (None: when seqlen_q is short).
+    inputs: the spec's declared inputs (scalars, or tensors shaped by heads / constants).
+
+    Queries align with the end of their sequence's keys as the spec's mask says (bottom-right by
+    default: query i of seqlen_q sees keys up to cache_seqlens + seqlen_new - seqlen_q + i), so
+    chunked prefill and speculative decoding (seqlen_q > 1) take every mask. lse is
+    (batch, heads_q, seqlen_q) float32, a view of the kernel's (heads_q, batch * seqlen_q).
+    """
+    # A name or path is parsed once per process (spec_key memoises it), not once per decode step.
+    spec = spec if isinstance(spec, Spec) else spec_from_key(spec_key(spec))
+    with torch.no_grad():
+        out, lse = _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx,
+                           int(num_splits), pack_gqa, inputs)
+    return (out, lse) if spec.return_lse else out
+
+
+def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx, num_splits,
+            pack_gqa, inputs):
+    _check_call(spec, q, k_cache, v_cache, k_new, v_new, page_table, cache_batch_idx)
+    batch, seqlen_q, heads_q, _ = q.shape
+    lengths = _cache_lengths(cache_seqlens, batch, q.device)
+    _check_devices(q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, page_table=page_table,
+                   cache_batch_idx=cache_batch_idx, cache_seqlens=lengths)
+    seqlen_new = 0
+    if k_new is not None:
+        seqlen_new = k_new.shape[1]
+        append_to_cache(k_cache, v_cache, k_new, v_new, lengths, page_table, cache_batch_idx)
+    seqused = lengths + seqlen_new if seqlen_new else lengths
+    # [0, seqlen_q, 2 seqlen_q, ...]: one launch (host time is what a decode step has least of).
+    cu_q = (torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32, device=q.device) if seqlen_q
+            else torch.zeros(batch + 1, dtype=torch.int32, device=q.device))
+    packed_q = q.reshape(batch * seqlen_q, heads_q, q.shape[-1])
+    if page_table is not None:
+        out, lse = forward_paged(spec, packed_q, k_cache, v_cache, page_table, cu_q, seqused, seqlen_q,
+                                 num_splits or None, inputs, pack_gqa=pack_gqa)
+    else:
+        out, lse = _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q, cache_batch_idx,
+                                      num_splits, inputs, pack_gqa)
+    return out.view(batch, seqlen_q, heads_q, -1), lse.view(heads_q, batch, seqlen_q).permute(1, 0, 2)
+
+
+def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q, cache_batch_idx, num_splits,
+                       inputs, pack_gqa):
+    """A contiguous cache as one packed key tensor: sequence b's keys start at row
+    cache_batch_idx[b] * seqlen_cache (cu_seqlens_k's last entry is never read: seqused_k is set).
+    Always a split kind (sm80 family): it zero-fills the rows of a key tile past a sequence's
+    length, which a cache's unused slots need (they may hold anything, NaN included); the sm90
+    whole-range varlen kernel loads them by TMA and a NaN there reaches the output."""
+    batch_cache, seqlen_cache, heads_kv, _ = k_cache.shape
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(0) != seqlen_cache * t.stride(1):
+            raise InputError(f"{name}: the batch and sequence dimensions must be contiguous with each other "
+                             f"(stride(0) == seqlen_cache * stride(1)); got strides {t.stride()}")
+    batch = cu_q.shape[0] - 1
+    rows = (cache_batch_idx.to(torch.int32) if cache_batch_idx is not None
+            else torch.arange(batch, dtype=torch.int32, device=packed_q.device))
+    cu_k = torch.cat([rows * seqlen_cache, rows.new_zeros(1)])
+    k = k_cache.view(batch_cache * seqlen_cache, heads_kv, k_cache.shape[-1])
+    v = v_cache.view(batch_cache * seqlen_cache, heads_kv, v_cache.shape[-1])
+    return forward_varlen(spec, packed_q, k, v, cu_q, cu_k, seqlen_q, seqlen_cache, seqused, num_splits or None,
+                          inputs, pack_gqa=pack_gqa, whole_range=False)
+
+
+def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                    cache_seqlens: torch.Tensor, page_table: torch.Tensor | None = None,
+                    cache_batch_idx: torch.Tensor | None = None) -> None:
+    """Write k_new/v_new (batch, seqlen_new, heads_kv, d) into the caches in place at positions
+    cache_seqlens[b] + j, by index tensors computed on the device (one index_put_ per cache)."""
+    batch, seqlen_new = k_new.shape[:2]
+    positions = cache_seqlens.to(torch.int64)[:, None] + torch.arange(seqlen_new, device=k_new.device)
+    if page_table is not None:
+        page_size = k_cache.shape[1]
+        pages = torch.gather(page_table, 1, positions // page_size).to(torch.int64)
+        index = (pages, positions % page_size)
+    else:
+        rows = cache_batch_idx.to(torch.int64) if cache_batch_idx is not None else \
+            torch.arange(batch, device=k_new.device)
+        index = (rows[:, None].expand(batch, seqlen_new), positions)
+    k_cache.index_put_(index, k_new)
+    v_cache.index_put_(index, v_new)
+
+
+def _cache_lengths(cache_seqlens, batch: int, device) -> torch.Tensor:
+    """cache_seqlens as an int32 (batch,) tensor (an int fills one on `device`)."""
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if cache_seqlens < 0:
+            raise InputError(f"cache_seqlens must be >= 0; got {cache_seqlens}")
+        return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
+            or tuple(cache_seqlens.shape) != (batch,):
+        got = (f"{tuple(cache_seqlens.shape)} {cache_seqlens.dtype}" if isinstance(cache_seqlens, torch.Tensor)
+               else type(cache_seqlens).__name__)
+        raise InputError(f"cache_seqlens must be an int or an int32 tensor of shape ({batch},); got {got}")
+    return cache_seqlens.contiguous()
+
+
+def _check_call(spec: Spec, q, k_cache, v_cache, k_new, v_new, page_table, cache_batch_idx) -> None:
+    """Shapes, dtypes and devices of the call's tensors (the kernels' own checks follow)."""
+    if (k_new is None) != (v_new is None):
+        raise InputError("k_new and v_new go together: pass both or neither")
+    dtype = _TORCH_DTYPES[spec.dtype]
+    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    if k_new is not None:
+        named.update(k_new=k_new, v_new=v_new)
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise InputError(f"{name} must be 4-D; got shape {tuple(t.shape)}")
+        if t.dtype != dtype:
+            raise InputError(f"{name} has dtype {t.dtype}; spec {spec.name!r} was built for {dtype}")
+    _check_heads(spec, q, k_cache, v_cache)
+    if k_new is not None:
+        _check_new(k_cache, v_cache, k_new, v_new, q.shape[0])
+    if page_table is not None:
+        _check_page_table(page_table, q, cache_batch_idx)
+    elif cache_batch_idx is not None:
+        _check_batch_idx(cache_batch_idx, q)
+
+
+def _check_devices(**tensors) -> None:
+    """Every tensor given (None: absent) on q's CUDA device; checked last, so that every other
+    check runs on a machine without a GPU too."""
+    device = tensors["q"].device
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not t.is_cuda:
+            raise InputError(f"{name} is on {t.device}; fa_gen kernels need CUDA tensors")
+        if t.device != device:
+            raise InputError(f"{name} is on {t.device}; q is on {device}")
+
+
+def _check_heads(spec: Spec, q, k_cache, v_cache) -> None:
+    if (q.shape[-1], k_cache.shape[-1], v_cache.shape[-1]) != (spec.head_dim_qk, spec.head_dim_qk, spec.head_dim_v):
+        raise InputError(f"head dims must be q/k {spec.head_dim_qk}, v {spec.head_dim_v} (spec {spec.name!r}); got "
+                         f"{q.shape[-1]}, {k_cache.shape[-1]}, {v_cache.shape[-1]}")
+    if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[1] == 0:
+        raise InputError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must agree in every "
+                         "dimension but the head dim, with at least one slot per page (or sequence)")
+    if k_cache.shape[2] == 0 or q.shape[2] % k_cache.shape[2]:
+        raise InputError(f"heads of q ({q.shape[2]}) must be a multiple of the caches' heads ({k_cache.shape[2]})")
+
+
+def _check_new(k_cache, v_cache, k_new, v_new, batch: int) -> None:
+    if k_new.shape[0] != batch or v_new.shape[0] != batch or k_new.shape[1] != v_new.shape[1]:
+        raise InputError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must be (batch={batch}, "
+                         "seqlen_new, heads_kv, d) with one seqlen_new")
+    if k_new.shape[2:] != k_cache.shape[2:] or v_new.shape[2:] != v_cache.shape[2:]:
+        raise InputError(f"k_new/v_new heads and head dims {tuple(k_new.shape[2:])}, {tuple(v_new.shape[2:])} must "
+                         f"match the caches' {tuple(k_cache.shape[2:])}, {tuple(v_cache.shape[2:])}")
+
+
+def _check_page_table(page_table, q, cache_batch_idx) -> None:
+    if cache_batch_idx is not None:
+        raise InputError("cache_batch_idx is for contiguous caches; a paged cache maps sequences by page_table")
+    if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32 or page_table.dim() != 2:
+        got = (f"{tuple(page_table.shape)} {page_table.dtype}" if isinstance(page_table, torch.Tensor)
+               else type(page_table).__name__)
+        raise InputError(f"page_table must be a 2-D int32 tensor (batch, max_pages); got {got}")
+    if page_table.shape[0] != q.shape[0] or page_table.shape[1] == 0:
+        raise InputError(f"page_table must have one row per sequence ({q.shape[0]}) and >= 1 page; "
+                         f"got {tuple(page_table.shape)}")
+
+
+def _check_batch_idx(cache_batch_idx, q) -> None:
+    if not isinstance(cache_batch_idx, torch.Tensor) or cache_batch_idx.dtype not in (torch.int32, torch.int64) \
+            or tuple(cache_batch_idx.shape) != (q.shape[0],):
+        raise InputError(f"cache_batch_idx must be an int32/int64 tensor of shape ({q.shape[0]},)")

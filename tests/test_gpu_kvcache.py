@@ -1,0 +1,252 @@
+"""L1: fa_gen.attention_with_kvcache (append + attend, paged and contiguous caches, CUDA graphs)
+against the float64 reference.
+
+Run on a GPU machine:  python -m pytest -m gpu tests/test_gpu_kvcache.py
+Each sequence is judged against the reference of that sequence alone, on its keys gathered
+into one contiguous tensor (fa_gen.check.compare). Cache slots that belong to no sequence
+hold NaN, so a kernel that reads a slot it should not (past a sequence's end, an unlisted
+page) gives NaN; the append must leave every other slot bit for bit as it was.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fa_gen
+from fa_gen.check import compare
+from fa_gen.runtime import resolve_spec
+from fa_gen.spec_load import load_spec
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (L1)"),
+]
+
+SPECS = [
+    resolve_spec("causal_bf16_d128"),
+    load_spec({"name": "kv_window_bf16_d128", "dtype": "bf16", "head_dim": 128,
+               "mask": {"kind": "sliding_window", "left": 100, "right": 0}}),
+    load_spec({"name": "kv_full_fp16_d64", "dtype": "fp16", "head_dim": 64, "mask": "none"}),
+    resolve_spec("softcap"),  # a score-mod expression with a runtime scalar
+]
+GROUPS = (1, 2, 4, 8)
+PAGE_SIZES = (1, 16, 48, 64, 256)
+
+
+def _kinds():
+    from fa_gen.inference import packed_kind
+
+    # Contiguous caches take the varlen split kinds too (fa_gen.api.kvcache._attend_contiguous).
+    return [packed_kind(base, g) for base in ("forward_varlen_split_paged", "forward_varlen_split") for g in GROUPS]
+
+
+@pytest.fixture(scope="module")
+def arch():
+    """Every kind the tests call, compiled up front (in parallel with FA_GEN_PRECOMPILE_JOBS)."""
+    from fa_gen.precompile import precompile_kinds
+    from fa_gen.runtime import current_arch
+
+    arch = current_arch()
+    work = [(spec, arch, kind) for spec in SPECS for kind in _kinds()]
+    precompile_kinds(work, int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0")))
+    return arch
+
+
+def _dtype(spec):
+    return torch.bfloat16 if spec.dtype.value == "bf16" else torch.float16
+
+
+def _inputs(spec, generator):
+    if spec.name == "softcap":
+        return {"softcap": 5.0 + 45.0 * float(torch.rand((), generator=generator, device="cuda"))}
+    return None
+
+
+class Case:
+    """One call's tensors: per sequence b its logical keys/values (cache_lengths[b] + seqlen_new rows),
+    laid out in a paged or contiguous cache whose other slots are NaN; k_new/v_new are the last
+    seqlen_new rows, not yet in the cache."""
+
+    def __init__(self, spec, cache_lengths, seqlen_q, seqlen_new, heads, generator, page_size=None, slack=0,
+                 shuffle=True):
+        self.spec, self.lengths, self.seqlen_new = spec, list(cache_lengths), seqlen_new
+        heads_q, heads_kv = heads
+        batch, dtype = len(cache_lengths), _dtype(spec)
+
+        def draw(*shape):
+            return torch.randn(*shape, generator=generator, device="cuda").to(dtype)
+
+        totals = [n + seqlen_new for n in cache_lengths]
+        self.q = draw(batch, seqlen_q, heads_q, spec.head_dim_qk)
+        self.keys = [draw(n, heads_kv, spec.head_dim_qk) for n in totals]
+        self.values = [draw(n, heads_kv, spec.head_dim_v) for n in totals]
+        self.k_new = torch.stack([k[n:] for k, n in zip(self.keys, cache_lengths)]) if seqlen_new else None
+        self.v_new = torch.stack([v[n:] for v, n in zip(self.values, cache_lengths)]) if seqlen_new else None
+        self.cache_seqlens = torch.tensor(cache_lengths, dtype=torch.int32, device="cuda")
+        self.page_table = self.cache_batch_idx = None
+        if page_size is None:
+            self._contiguous(max(max(totals) + slack, 1), heads_kv, generator, shuffle)
+        else:
+            self._paged(page_size, totals, slack, heads_kv, generator, shuffle)
+
+    def _paged(self, page_size, totals, slack, heads_kv, generator, shuffle):
+        """Pages of all sequences in a random order, plus unused ones; table entries past a
+        sequence's pages point at an unused (NaN) page."""
+        needed = [math.ceil(n / page_size) for n in totals]
+        num_pages = sum(needed) + 2
+        order = torch.randperm(num_pages, generator=generator, device="cuda") if shuffle else \
+            torch.arange(num_pages, device="cuda")
+        max_pages = max(max(needed) + slack, 1)
+        self.page_table = torch.full((len(totals), max_pages), int(order[-1]), dtype=torch.int32, device="cuda")
+        shape = (num_pages, page_size, heads_kv)
+        self.k_cache = torch.full((*shape, self.spec.head_dim_qk), math.nan, dtype=_dtype(self.spec), device="cuda")
+        self.v_cache = torch.full((*shape, self.spec.head_dim_v), math.nan, dtype=_dtype(self.spec), device="cuda")
+        first = 0
+        for b, n in enumerate(self.lengths):
+            pages = order[first:first + needed[b]]
+            first += needed[b]
+            self.page_table[b, :needed[b]] = pages.to(torch.int32)
+            where = self._slots(b, 0, n)  # the rows already cached (the append writes the rest)
+            self.k_cache[where] = self.keys[b][:n]
+            self.v_cache[where] = self.values[b][:n]
+
+    def _contiguous(self, seqlen_cache, heads_kv, generator, shuffle):
+        batch = len(self.lengths)
+        rows = batch + 1
+        shape = (rows, seqlen_cache, heads_kv)
+        self.k_cache = torch.full((*shape, self.spec.head_dim_qk), math.nan, dtype=_dtype(self.spec), device="cuda")
+        self.v_cache = torch.full((*shape, self.spec.head_dim_v), math.nan, dtype=_dtype(self.spec), device="cuda")
+        order = torch.randperm(rows, generator=generator, device="cuda")[:batch] if shuffle else None
+        self.cache_batch_idx = order
+        for b, n in enumerate(self.lengths):
+            row = int(order[b]) if order is not None else b
+            self.k_cache[row, :n] = self.keys[b][:n]
+            self.v_cache[row, :n] = self.values[b][:n]
+
+    def expected_caches(self):
+        """The caches as the append must leave them."""
+        k, v = self.k_cache.clone(), self.v_cache.clone()
+        for b, n in enumerate(self.lengths):
+            where = self._slots(b, n, n + self.seqlen_new)
+            k[where], v[where] = self.keys[b][n:], self.values[b][n:]
+        return k, v
+
+    def _slots(self, b, start, stop):
+        """(first index, second index) of key rows start..stop-1 of sequence b in the cache."""
+        rows = torch.arange(start, stop, device="cuda")
+        if self.page_table is not None:
+            page_size = self.k_cache.shape[1]
+            return self.page_table[b].long()[rows // page_size], rows % page_size
+        row = int(self.cache_batch_idx[b]) if self.cache_batch_idx is not None else b
+        return torch.full_like(rows, row), rows
+
+    def call(self, **options):
+        return fa_gen.attention_with_kvcache(self.q, self.k_cache, self.v_cache, self.cache_seqlens, self.spec,
+                                             k_new=self.k_new, v_new=self.v_new, page_table=self.page_table,
+                                             cache_batch_idx=self.cache_batch_idx, **options)
+
+    def failures(self, out, lse, inputs):
+        """compare() per sequence against the reference on its gathered keys."""
+        failures = []
+        for b in range(len(self.lengths)):
+            result = compare(self.spec, self.q[b:b + 1], self.keys[b][None], self.values[b][None], out[b:b + 1],
+                             lse[b:b + 1], inputs)
+            if not result.ok:
+                failures.append(f"sequence {b} {result}")
+        return failures
+
+
+def _same(a, b):
+    return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+
+
+cache_length = st.one_of(st.sampled_from((0, 1)), st.integers(0, 300), st.integers(0, 3000))
+
+
+@settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "120")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), lengths=st.lists(cache_length, min_size=1, max_size=5), seed=st.integers(0, 2**31 - 1))
+def test_kvcache_matches_reference_per_sequence(arch, data, lengths, seed):
+    from fa_gen.families.sm80 import gqa_packable
+
+    spec = data.draw(st.sampled_from(SPECS), label="spec")
+    heads_kv = data.draw(st.integers(1, 2), label="heads_kv")
+    group = data.draw(st.sampled_from(GROUPS), label="group")
+    seqlen_q = data.draw(st.integers(1, 16), label="seqlen_q")
+    seqlen_new = data.draw(st.sampled_from((0, 1, seqlen_q, 20)), label="seqlen_new")
+    page_size = data.draw(st.sampled_from((None, *PAGE_SIZES)), label="page_size")
+    slack = data.draw(st.integers(0, 2), label="slack")
+    num_splits = data.draw(st.sampled_from((0, 1, 3)), label="num_splits")
+    pack = data.draw(st.sampled_from((None, False, True)), label="pack_gqa")
+    if pack and (group == 1 or not gqa_packable(spec)):
+        pack = None
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    case = Case(spec, lengths, seqlen_q, seqlen_new, (heads_kv * group, heads_kv), generator, page_size, slack)
+    inputs = _inputs(spec, generator)
+    expected_k, expected_v = case.expected_caches()
+    out, lse = case.call(num_splits=num_splits, pack_gqa=pack, inputs=inputs)
+    assert out.shape == case.q.shape[:3] + (spec.head_dim_v,) and lse.shape == (len(lengths), heads_kv * group,
+                                                                                 seqlen_q)
+    assert _same(case.k_cache, expected_k) and _same(case.v_cache, expected_v), "the append wrote wrong slots"
+    failures = case.failures(out, lse, inputs)
+    assert not failures, f"page_size {page_size}, lengths {lengths}: " + "; ".join(failures)
+
+
+@pytest.mark.parametrize("page_size", [None, 1, 16, 48, 256])
+def test_cuda_graph_replays_with_new_lengths_and_page_tables(arch, page_size):
+    """One decode step (seqlen_q 1, one new token, GQA 4) captured once, replayed with new
+    cache lengths, page tables and queries copied into the captured tensors."""
+    spec = SPECS[0]
+    generator = torch.Generator(device="cuda").manual_seed(page_size or 7)
+    heads = (8, 2)
+    draws = [[0, 5, 700, 1], [33, 0, 1, 2000], [1999, 17, 300, 64]]
+    cases = [Case(spec, lengths, 1, 1, heads, generator, page_size, slack=0, shuffle=True) for lengths in draws]
+    # The captured tensors: sized for the largest draw (the graph's shapes never change).
+    static = Case(spec, [2000] * 4, 1, 1, heads, generator, page_size, slack=0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        static.call()  # compiles and loads every kernel of the step before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = static.call()
+    for case in cases:
+        _load_into(static, case)
+        expected_k, expected_v = case.expected_caches()
+        graph.replay()
+        torch.cuda.synchronize()
+        region = _region(case)
+        assert _same(static.k_cache[region], expected_k), "the append wrote wrong slots"
+        assert _same(static.v_cache[region], expected_v)
+        failures = case.failures(out, lse, None)
+        assert not failures, f"lengths {case.lengths}: " + "; ".join(failures)
+
+
+def _load_into(static, case):
+    """Copy a case's contents into the captured tensors (same shapes, new values)."""
+    static.q.copy_(case.q)
+    static.k_new.copy_(case.k_new)
+    static.v_new.copy_(case.v_new)
+    static.cache_seqlens.copy_(case.cache_seqlens)
+    static.k_cache.fill_(math.nan)
+    static.v_cache.fill_(math.nan)
+    static.k_cache[_region(case)] = case.k_cache
+    static.v_cache[_region(case)] = case.v_cache
+    if case.page_table is not None:
+        # Entries past the case's table name the static cache's last page, which the case leaves NaN.
+        static.page_table.fill_(static.k_cache.shape[0] - 1)
+        static.page_table[:, :case.page_table.shape[1]] = case.page_table
+    elif case.cache_batch_idx is not None:
+        static.cache_batch_idx.copy_(case.cache_batch_idx)
+
+
+def _region(case):
+    """Where a case's (smaller) caches sit in the captured ones: their leading corner."""
+    return tuple(slice(0, n) for n in case.k_cache.shape[:2])

@@ -1,0 +1,124 @@
+"""L0 (CPU): the KV-cache call's argument checks, its in-place append (torch index ops, run here
+on CPU tensors), and the paged kinds' render and compile. The GPU suite is test_gpu_kvcache.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa_gen
+from fa_gen.api.kvcache import append_to_cache
+from fa_gen.errors import InputError
+from fa_gen.families.sm80 import GQA_PACKS, INFERENCE_KINDS
+from fa_gen.inference import forward_paged, packed_kind
+from fa_gen.render import render
+from fa_gen.runtime import resolve_spec
+
+SPEC = "causal_bf16_d128"
+BF16 = torch.bfloat16
+
+
+def _call(q=None, k_cache=None, v_cache=None, cache_seqlens=0, **options):
+    q = torch.zeros(2, 1, 8, 128, dtype=BF16) if q is None else q
+    k_cache = torch.zeros(2, 64, 2, 128, dtype=BF16) if k_cache is None else k_cache
+    v_cache = torch.zeros_like(k_cache) if v_cache is None else v_cache
+    return fa_gen.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, SPEC, **options)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"q": torch.zeros(2, 1, 8, 128, dtype=torch.float16)}, "dtype"),
+    ({"q": torch.zeros(2, 8, 128, dtype=BF16)}, "4-D"),
+    ({"q": torch.zeros(2, 1, 8, 64, dtype=BF16)}, "head dims"),
+    ({"q": torch.zeros(2, 1, 7, 128, dtype=BF16)}, "multiple"),
+    ({"v_cache": torch.zeros(2, 32, 2, 128, dtype=BF16)}, "must agree"),
+    ({"k_new": torch.zeros(2, 1, 2, 128, dtype=BF16)}, "go together"),
+    ({"k_new": torch.zeros(3, 1, 2, 128, dtype=BF16), "v_new": torch.zeros(3, 1, 2, 128, dtype=BF16)}, "batch=2"),
+    ({"k_new": torch.zeros(2, 1, 1, 128, dtype=BF16), "v_new": torch.zeros(2, 1, 1, 128, dtype=BF16)}, "heads"),
+    ({"page_table": torch.zeros(2, 4, dtype=torch.int64)}, "int32"),
+    ({"page_table": torch.zeros(3, 4, dtype=torch.int32)}, "one row per sequence"),
+    ({"page_table": torch.zeros(2, 4, dtype=torch.int32), "cache_batch_idx": torch.zeros(2, dtype=torch.int32)},
+     "contiguous caches"),
+    ({"cache_batch_idx": torch.zeros(3, dtype=torch.int32)}, "cache_batch_idx"),
+    ({"cache_seqlens": torch.zeros(2, dtype=torch.int64)}, "int32"),
+    ({"cache_seqlens": torch.zeros(3, dtype=torch.int32)}, "shape \\(2,\\)"),
+    ({"cache_seqlens": -1}, ">= 0"),
+    ({}, "CUDA"),
+])
+def test_argument_errors(options, message):
+    with pytest.raises(InputError, match=message):
+        _call(**options)
+
+
+def test_paged_forward_checks():
+    spec = resolve_spec(SPEC)
+    q = torch.zeros(3, 8, 128, dtype=BF16)
+    cache = torch.zeros(10, 16, 2, 128, dtype=BF16)
+    cu = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    used = torch.ones(3, dtype=torch.int32)
+    table = torch.zeros(3, 4, dtype=torch.int32)
+    with pytest.raises(InputError, match="4-D"):
+        forward_paged(spec, q, cache[0], cache[0], table, cu, used, 1)
+    with pytest.raises(InputError, match="page_table"):
+        forward_paged(spec, q, cache, cache, table.t(), cu, used, 1)
+    with pytest.raises(InputError, match="one entry per sequence"):
+        forward_paged(spec, q, cache, cache, table[:2], cu, used, 1)
+    with pytest.raises(InputError, match="max_seqlen_q"):
+        forward_paged(spec, q, cache, cache, table, cu, used, -1)
+    with pytest.raises(InputError, match="CUDA"):
+        forward_paged(spec, q, cache, cache, table, cu, used, 1)
+
+
+def test_paged_append_writes_through_the_page_table():
+    page_size, heads, dim = 3, 2, 8
+    k_cache = torch.full((6, page_size, heads, dim), float("nan"))
+    v_cache = k_cache.clone()
+    # Sequence 0 on pages 4, 1, 5; sequence 1 on pages 0, 3 (page 2 unused).
+    table = torch.tensor([[4, 1, 5], [0, 3, 2]], dtype=torch.int32)
+    lengths = torch.tensor([2, 0], dtype=torch.int32)
+    k_new = torch.randn(2, 4, heads, dim)
+    v_new = torch.randn(2, 4, heads, dim)
+    append_to_cache(k_cache, v_cache, k_new, v_new, lengths, page_table=table)
+    for b, length in enumerate(lengths.tolist()):
+        for j in range(4):
+            position = length + j
+            page, slot = int(table[b, position // page_size]), position % page_size
+            assert torch.equal(k_cache[page, slot], k_new[b, j]) and torch.equal(v_cache[page, slot], v_new[b, j])
+    # Exactly 8 rows written, the rest untouched (still NaN).
+    written = ~torch.isnan(k_cache[..., 0, 0])
+    assert int(written.sum()) == 8 and bool(torch.isnan(k_cache[2]).all())
+
+
+def test_contiguous_append_follows_cache_batch_idx():
+    k_cache = torch.zeros(4, 10, 1, 8)
+    v_cache = torch.zeros(4, 10, 1, 8)
+    k_new, v_new = torch.randn(2, 3, 1, 8), torch.randn(2, 3, 1, 8)
+    append_to_cache(k_cache, v_cache, k_new, v_new, torch.tensor([0, 7], dtype=torch.int32),
+                    cache_batch_idx=torch.tensor([3, 1]))
+    assert torch.equal(k_cache[3, 0:3], k_new[0]) and torch.equal(k_cache[1, 7:10], k_new[1])
+    assert torch.equal(v_cache[3, 0:3], v_new[0]) and torch.equal(v_cache[1, 7:10], v_new[1])
+    assert int((k_cache != 0).any(-1).sum()) == 6
+
+
+def test_paged_kinds_are_registered():
+    assert INFERENCE_KINDS["forward_varlen_split_paged"].paged
+    assert all(INFERENCE_KINDS[packed_kind("forward_varlen_split_paged", g)].paged for g in GQA_PACKS)
+    assert not any(call.paged for kind, call in INFERENCE_KINDS.items() if "paged" not in kind)
+
+
+def test_paged_render_reads_pages():
+    text = render(resolve_spec(SPEC), "sm_90a", "sm80", kind="forward_varlen_split_paged_pack4").text
+    assert "class PagedKV" in text and "mPageTable: cute.Tensor" in text
+    plain = render(resolve_spec(SPEC), "sm_90a", "sm80", kind="forward_varlen_split_pack4").text
+    assert "PagedKV" not in plain and "mPageTable" not in plain
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("name,kind", [("causal_bf16_d128", "forward_varlen_split_paged"),
+                                       ("softcap", "forward_varlen_split_paged_pack8"),
+                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged")])
+def test_paged_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", arch)
+    text = render(resolve_spec(name), arch, "sm80", kind=kind).text
+    compile_to_object(text, arch, tmp_path / f"{kind}.o", label=f"{name} {kind}")
