@@ -348,7 +348,8 @@ def test_generate_greedy_from_a_left_padded_batch(config):
         t = int(differ[0])
         a, b = int(new_ours[row, t]), int(new_sdpa[row, t])
         margin = abs(float(forced[row, t, a] - forced[row, t, b]))
-        assert margin <= 2 * noise, f"row {row} step {t}: tokens {a} vs {b}, float32 margin {margin:.3e} > {2 * noise:.3e}"
+        assert margin <= 2 * noise, (f"row {row} step {t}: tokens {a} vs {b}, float32 margin {margin:.3e} > "
+                                     f"{2 * noise:.3e}")
         agreed.append(t)
     print(f"{config.__name__} generate: steps agreeing with sdpa per row: {agreed} of {steps}")
 

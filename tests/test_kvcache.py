@@ -39,6 +39,7 @@ def _call(q=None, k_cache=None, v_cache=None, cache_seqlens=0, **options):
     ({"page_table": torch.zeros(2, 4, dtype=torch.int32), "cache_batch_idx": torch.zeros(2, dtype=torch.int32)},
      "contiguous caches"),
     ({"cache_batch_idx": torch.zeros(3, dtype=torch.int32)}, "cache_batch_idx"),
+    ({"k_cache": torch.zeros(64, 2, 2, 128, dtype=BF16).transpose(0, 1)}, "contiguous with each other"),
     ({"cache_seqlens": torch.zeros(2, dtype=torch.int64)}, "int32"),
     ({"cache_seqlens": torch.zeros(3, dtype=torch.int32)}, "shape \\(2,\\)"),
     ({"cache_seqlens": -1}, ">= 0"),

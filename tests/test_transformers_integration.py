@@ -176,6 +176,7 @@ def test_missing_transformers_is_a_clear_error(monkeypatch):
 
 
 def test_old_transformers_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.57.1")  # (transformers may swap its module object)
+    # sys.modules, not this module's `transformers`: transformers may swap its module object.
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.57.1")
     with pytest.raises(ImportError, match="found 4.57.1"):
         fa_hf.register()

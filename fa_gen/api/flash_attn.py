@@ -101,10 +101,10 @@ def _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_sl
     alibi = _alibi_kind(alibi_slopes, heads, batch)
     if sink is not None:
         _check_float_tensor("learnable_sink", sink, (heads,), "(heads,)")
-    # guard_scalar: plain values pass through; under torch.compile a head dim or a window that
-    # changed between calls (now symbolic) becomes a constant again, guarded, as a spec needs.
+    # guard_scalar: plain values pass through; under torch.compile a head dim that changed between
+    # calls (now symbolic) becomes a constant again, guarded, as a spec needs (fold_window does the same).
     head_dim_qk, head_dim_v = guard_scalar(q.shape[-1]), guard_scalar(v.shape[-1])
-    key = flash_spec_key(_dtype(q), head_dim_qk, head_dim_v, bool(causal), guard_scalar(left), guard_scalar(right),
+    key = flash_spec_key(_dtype(q), head_dim_qk, head_dim_v, bool(causal), left, right,
                          _scale(softmax_scale, head_dim_qk), capped, alibi, sink is not None)
     inputs = {}
     if capped:

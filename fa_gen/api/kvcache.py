@@ -97,10 +97,6 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     length, which a cache's unused slots need (they may hold anything, NaN included); the sm90
     whole-range varlen kernel loads them by TMA and a NaN there reaches the output."""
     batch_cache, seqlen_cache, heads_kv, _ = k_cache.shape
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(0) != seqlen_cache * t.stride(1):
-            raise InputError(f"{name}: the batch and sequence dimensions must be contiguous with each other "
-                             f"(stride(0) == seqlen_cache * stride(1)); got strides {t.stride()}")
     batch = cu_q.shape[0] - 1
     rows = (cache_batch_idx.to(torch.int32) if cache_batch_idx is not None
             else torch.arange(batch, dtype=torch.int32, device=packed_q.device))
@@ -164,8 +160,13 @@ def _check_call(spec: Spec, q, k_cache, v_cache, k_new, v_new, page_table, cache
         _check_new(k_cache, v_cache, k_new, v_new, q.shape[0])
     if page_table is not None:
         _check_page_table(page_table, q, cache_batch_idx)
-    elif cache_batch_idx is not None:
+        return
+    if cache_batch_idx is not None:
         _check_batch_idx(cache_batch_idx, q)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):  # viewed as (rows, heads_kv, d)
+        if t.stride(0) != t.shape[1] * t.stride(1):
+            raise InputError(f"{name}: the batch and sequence dimensions must be contiguous with each other "
+                             f"(stride(0) == seqlen_cache * stride(1)); got strides {t.stride()}")
 
 
 def _check_devices(**tensors) -> None:
