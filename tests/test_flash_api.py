@@ -169,8 +169,6 @@ def test_varlen_shapes_and_int64_cu_seqlens():
     (lambda q: fa_gen.flash_attn_func(q[..., :40], q[..., :40], q[..., :40]), "the head dims"),
     (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9, block_table=q), "block_table"),
     (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9,
-                                             learnable_sink=torch.zeros(4)), "learnable_sink"),
-    (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9,
                                              alibi_slopes=torch.ones(2, 4)), "alibi_slopes"),
     (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, rotary_cos=q), "rotary_cos"),
     (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, cache_leftpad=q), "cache_leftpad"),
@@ -204,6 +202,63 @@ def test_autograd_reaches_q_k_v_and_the_sink():
     out = fa_gen.flash_attn_func(q, k, k, causal=True, learnable_sink=sink, window_size=(16, 0))
     out.float().sum().backward()
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and sink.grad.shape == sink.shape
+
+
+def test_varlen_takes_a_learnable_sink_and_its_gradient_on_meta():
+    q, k = _meta(20, 4, 64, grad=True), _meta(30, 2, 64, grad=True)
+    cu_q = torch.tensor([0, 5, 20], dtype=torch.int32, device="meta")
+    cu_k = torch.tensor([0, 10, 30], dtype=torch.int32, device="meta")
+    sink = torch.zeros(4, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    out = fa_gen.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 15, 20, causal=True, learnable_sink=sink)
+    out.float().sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and sink.grad.shape == sink.shape
+    assert _spec_of(q, k, causal=True, learnable_sink=torch.zeros(4)).name == "fa_bf16_d64_causal_sink"
+
+
+def _reference_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, spec, inputs=None, **_):
+    """attention_varlen's stand-in: each sequence's float64 reference, as the kernel gives it (no
+    gradient: the kernel's is checked on the GPU); the sink gradient is what is tested."""
+    outs, lses = [], []
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        o, lse = attention_reference(q[None, cq[b]:cq[b + 1]].detach(), k[None, ck[b]:ck[b + 1]].detach(),
+                                     v[None, ck[b]:ck[b + 1]].detach(), spec, inputs=inputs)
+        outs.append(o[0].to(q.dtype))
+        lses.append(lse[0].float())
+    rest = q.shape[0] - cq[-1]  # rows past the batch: what a kernel leaves there is undefined
+    outs.append(torch.full((rest, *q.shape[1:-1], v.shape[-1]), 1e4, dtype=q.dtype))
+    lses.append(torch.full((q.shape[1], rest), float("nan")))
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+@pytest.mark.parametrize("padded_rows", [0, 3])
+def test_varlen_sink_gradient_matches_autograd_through_the_reference(monkeypatch, padded_rows):
+    """The sink's gradient in a packed batch (taken beside the varlen backward, fa_gen.api.flash_attn)
+    against autograd through the float64 reference of every sequence alone; rows past cu_seqlens_q[-1]
+    (a caller's padding) take no part."""
+    monkeypatch.setattr(flash_attn, "attention_varlen", _reference_varlen_forward)
+    g = torch.Generator().manual_seed(3)
+    lengths_q, lengths_k = [5, 1, 9], [7, 12, 9]
+    q = torch.randn(sum(lengths_q) + padded_rows, 4, 64, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(sum(lengths_k), 2, 64, generator=g, dtype=torch.float64) for _ in range(2))
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                  for n in (lengths_q, lengths_k))
+    sink = torch.randn(4, generator=g, requires_grad=True)  # float32, as the spec declares
+    dout = torch.randn(q.shape[0], 4, 64, generator=g, dtype=torch.float64)
+    out = fa_gen.flash_attn_varlen_func(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu_q, cu_k, 9, 12, causal=True,
+                                        window_size=(4, 0), learnable_sink=sink)
+    (out.double() * dout).sum().backward()
+    got, sink.grad = sink.grad, None
+    spec = _spec_of(q.bfloat16(), v, causal=True, window_size=(4, 0), learnable_sink=sink)
+    total = 0
+    for b in range(3):
+        rows, keys = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        o, _ = attention_reference(q[None, rows].bfloat16().double(), k[None, keys].bfloat16().double(),
+                                   v[None, keys].bfloat16().double(), spec, inputs={"sinks": sink})
+        total = total + (o[0] * dout[rows]).sum()
+    total.backward()
+    torch.testing.assert_close(got, sink.grad, rtol=2e-2, atol=2e-2)
+    assert float(sink.grad.abs().max()) > 0.1  # a gradient worth checking
 
 
 def test_torch_compile_fullgraph_traces_flash_attn_func():

@@ -47,22 +47,46 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            return_lse=False, seqused_k=None):
     """FlashAttention's flash_attn_varlen_func over fa_gen.attention_varlen: q (total_q, heads, d),
     k/v (total_k, heads_kv, d), cu_seqlens_* (batch + 1) int32; lse (heads, total_q). Masks align
-    per sequence (bottom-right). Differentiable."""
+    per sequence (bottom-right); learnable_sink (heads,) enters every sequence's softmax.
+    Differentiable (also in learnable_sink)."""
     _refuse_dropout(dropout_p)
     if block_table is not None:
         raise UnsupportedError("block_table in flash_attn_varlen_func", [
             "paged K/V are served by flash_attn_with_kvcache(..., block_table=...)"])
-    if learnable_sink is not None:
-        raise UnsupportedError("learnable_sink in flash_attn_varlen_func", [
-            "sink logits in a packed batch are not implemented yet (flash_attn_func takes them)"])
     _check_qkv(q, k, v, "(total_tokens, heads, head_dim)")
-    key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes, None,
-                                   heads=q.shape[1], batch=None)
-    out, lse = attention_varlen(q, k, v, _int32(cu_seqlens_q), _int32(cu_seqlens_k), int(max_seqlen_q),
+    key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                   learnable_sink, heads=q.shape[1], batch=None)
+    sinks = None if inputs is None else inputs.get("sinks")
+    if sinks is not None:  # the kernel reads them; their gradient is taken here (the varlen backward has none)
+        inputs["sinks"] = sinks.detach()
+    cu_seqlens_q = _int32(cu_seqlens_q)
+    out, lse = attention_varlen(q, k, v, cu_seqlens_q, _int32(cu_seqlens_k), int(max_seqlen_q),
                                 int(max_seqlen_k), spec_from_key(key),
                                 seqused_k=None if seqused_k is None else _int32(seqused_k),
                                 deterministic=_deterministic(deterministic), inputs=inputs)
+    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
+        out = _VarlenSinkGradient.apply(out, lse, sinks, cu_seqlens_q)
     return _results(out, lse, return_attn_probs, return_lse)
+
+
+class _VarlenSinkGradient(torch.autograd.Function):
+    """Identity on a packed batch's `out` whose backward also gives the sink logits' gradient
+    (fa_gen.variant.sink_grad): d sinks[h] = -sum over the real query rows of exp(sinks[h] - LSE) * D,
+    D = rowsum(dO * O). dq, dk and dv come from the varlen backward, which reads the forward's LSE
+    (the sink included) and so needs nothing more."""
+
+    @staticmethod
+    def forward(ctx, out, lse, sinks, cu_seqlens_q):
+        ctx.save_for_backward(out, lse, sinks, cu_seqlens_q)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, dout):
+        out, lse, sinks, cu_seqlens_q = ctx.saved_tensors
+        row_dot = (dout.float() * out.float()).sum(-1).transpose(0, 1)              # D: (heads, total_q)
+        real = torch.arange(out.shape[0], device=out.device) < cu_seqlens_q[-1]     # rows past the batch: none
+        terms = torch.where(real, torch.exp(sinks.float()[:, None] - lse.float()) * row_dot, 0.0)
+        return dout, None, -terms.sum(1).to(sinks.dtype), None
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

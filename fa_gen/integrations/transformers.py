@@ -17,8 +17,9 @@ fewer heads; the output leaves as (batch, seqlen, heads, dim)):
   position ids restarting inside the row): flash_attn_varlen_func;
 - otherwise flash_attn_func (a decode step's one query against the cache: bottom-right causal).
 `scaling`, `sliding_window` (FlashAttention's (w - 1, w - 1), causal folding the right side),
-`softcap`, `is_causal` and `s_aux` sinks are taken from what the layer passes. Dropout > 0, 4-D
-masks and sinks in padded batches are UnsupportedErrors, never a silent wrong answer.
+`softcap`, `is_causal` and `s_aux` sinks (gpt-oss; in padded and packed batches too, differentiable)
+are taken from what the layer passes. Dropout > 0 and 4-D masks are UnsupportedErrors, never a
+silent wrong answer.
 """
 
 from __future__ import annotations
