@@ -18,7 +18,7 @@ from fa_gen.errors import UnsupportedError
 import fa_gen.integrations.transformers as fa_hf
 from fa_gen.reference import attention_reference
 
-from . import greedy
+from . import gradients, greedy
 
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
@@ -204,6 +204,49 @@ def test_generate_ignoring_the_padding_mask_would_fail(calls, monkeypatch, famil
     _ignore_the_mask(monkeypatch)
     with pytest.raises(AssertionError):
         _judge_generate(ours, theirs, ids, mask)
+
+
+def _training_trio(config):
+    """fa_gen (the reference swap) and eager in bf16, eager in float32: one set of random weights."""
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    models = []
+    for impl, dtype in (("fa_gen", torch.bfloat16), ("eager", torch.bfloat16), ("eager", torch.float32)):
+        model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=impl)
+        model.load_state_dict(base.state_dict())
+        models.append(model.to(dtype))
+    return models
+
+
+def _training_errors(config):
+    ours, yardstick, exact = _training_trio(config)
+    ids, mask = _padded_batch()
+    reference = gradients.training_gradients(exact, ids, mask)
+    return [gradients.relative_errors(gradients.training_gradients(m, ids, mask), reference)
+            for m in (ours, yardstick)]
+
+
+TRAINED = ["llama_gqa", "gemma2_softcap_window", "gpt_oss_sinks"]
+
+
+@pytest.mark.parametrize("family", TRAINED)
+def test_training_step_gradients_per_parameter(calls, family):
+    """One training step on a left-padded batch: every parameter's gradient (relative L2 against
+    float32 eager) within twice eager-bf16's own error plus a bf16 step (tests/gradients.py)."""
+    ours, yardstick = _training_errors(FAMILIES[family]())
+    assert not gradients.outliers(ours, yardstick), gradients.outliers(ours, yardstick)
+    assert "varlen" in calls
+
+
+@pytest.mark.parametrize("family", TRAINED)
+def test_a_backward_without_dk_fails_the_training_step_test(calls, monkeypatch, family):
+    """Negative control: the same judgement with the attention's dK dropped (K's gradient zeroed)."""
+    varlen = fa_hf.flash_attn_varlen_func
+    monkeypatch.setattr(fa_hf, "flash_attn_varlen_func",
+                        lambda q, k, *a, **kw: varlen(q, gradients.DropGradient.apply(k), *a, **kw))
+    ours, yardstick = _training_errors(FAMILIES[family]())
+    bad = gradients.outliers(ours, yardstick)
+    assert any(".k_proj." in name for name in bad), bad
 
 
 def test_unpadded_decode_takes_the_fixed_length_path(calls):
