@@ -40,7 +40,6 @@ import datetime as dt
 import json
 import platform
 import re
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -48,6 +47,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fa_gen.timing import median_ms  # noqa: E402
 
 IMPLS = ("fa_gen", "sdpa")
 SCENARIOS = ("uniform", "left_padded")
@@ -223,21 +224,6 @@ def batch_inputs(lengths: list[int], vocab: int):
     return ids.cuda(), mask.cuda()
 
 
-def _median_ms(fn, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def prefill(model, ids, mask):
     import transformers
 
@@ -285,7 +271,7 @@ def run_impl(model, impl: str, ids, mask, args) -> dict:
         use(model, impl)
         with torch.no_grad():
             generate_timed(model, ids, mask, 4)  # warm-up: compiles / loads every kernel
-            result = {"prefill_ms": _median_ms(lambda: prefill(model, ids, mask), WARMUP, args.repeats)}
+            result = {"prefill_ms": median_ms(lambda: prefill(model, ids, mask), [()], WARMUP, args.repeats)}
             result.update(generate_timed(model, ids, mask, args.new_tokens))
             if args.profile:
                 result["profile"] = profile(model, ids, mask)
