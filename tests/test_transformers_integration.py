@@ -95,7 +95,8 @@ def _gemma3():
 
 
 def _gpt_oss():
-    return transformers.GptOssConfig(**dict(_SMALL, intermediate_size=256), sliding_window=5, num_local_experts=4,
+    # Every expert routed (2 of 2): routing weights continuous, no top-k choice for rounding to flip.
+    return transformers.GptOssConfig(**dict(_SMALL, intermediate_size=256), sliding_window=5, num_local_experts=2,
                                      num_experts_per_tok=2, layer_types=_ALTERNATING)
 
 
