@@ -6,9 +6,12 @@
 #                                             FlexAttention, fp16 without), and the backward rows
 #   bash bench/device_batch.sh COMMIT decode  decode (seqlen_q = 1) GB/s and varlen-prefill TFLOP/s
 #                                             beside FA4, cuDNN and FA2 (bench/bench_decode.py)
+#   bash bench/device_batch.sh COMMIT inference  the inference L1 suites (varlen, varlen backward,
+#                                             combine, kvcache, FA-compatible API + transformers)
+#                                             with FA_GEN_L1_EXAMPLES (default 40), one log each
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench or decode}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode or inference}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -19,6 +22,12 @@ if [[ $part == l1 ]]; then
   python -m pytest -m gpu -q -p no:cacheprovider --hypothesis-show-statistics "$@" 2>&1 | tee "$out/l1.log"
   python bench/load_time.py causal_bf16_d128 2>&1 | tee "$out/load.log"
   python bench/overhead.py 2>&1 | tee "$out/overhead.log"
+elif [[ $part == inference ]]; then
+  export FA_GEN_L1_EXAMPLES=${FA_GEN_L1_EXAMPLES:-40}
+  for suite in test_gpu_varlen test_gpu_varlen_backward test_gpu_combine test_gpu_kvcache test_gpu_flash_api; do
+    python -m pytest -q -p no:cacheprovider "tests/$suite.py" "$@" > "$out/$suite.log" 2>&1
+    echo "$suite: $(tail -1 "$out/$suite.log")"
+  done
 elif [[ $part == decode ]]; then
   python bench/bench_decode.py --commit "$commit" --out "$out" --plot "$@" 2>&1 | tee "$out/bench_decode.log"
 else

@@ -3,8 +3,9 @@
     python bench/sweep_sm90.py --out DIR [--head-dims 64,128] [--masks none,causal]
         [--seqlens 2048,8192] [--configs "128,128,2,1;128,176,2,1"] [--anchors fa4,sdpa_cudnn,fa_gen_sm80]
 
-A config is tile_m,tile_n,num_stages,pingpong[,l2_kv_mb[,persist_m_blocks]] (the sm90 family's
-`tuning` parameters; pingpong 1 = off, 2 = on); without
+A config is tile_m,tile_n,num_stages,pingpong[,l2_kv_mb[,persist_m_blocks[,persist_l2_groups]]]
+(the sm90 family's `tuning` parameters; pingpong and persist_l2_groups 1 = off, 2 = on; e.g.
+"128,128,2,2,1,64,2" walks causal tiles sequence by sequence, head by head); without
 --configs, each head dim's candidates below are swept (the table's default first). Every
 candidate is compiled in parallel first, checked against the float64 reference at one ragged
 GQA shape, then timed at the benchmark shapes (batch*seqlen = 16k tokens, heads*head_dim =
@@ -45,7 +46,7 @@ CANDIDATES = {
 CHECK_SHAPE = Shape(2, 1000, 1037, 8, 2)
 
 
-PARAMS = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks")
+PARAMS = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks", "persist_l2_groups")
 
 
 def make_spec(head_dim: int, mask: str, dtype: str, cfg: tuple[int, ...]):
@@ -95,7 +96,7 @@ def main() -> None:
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--masks", default="none,causal")
     parser.add_argument("--seqlens", default="2048,8192")
-    parser.add_argument("--configs", default=None, help="tile_m,tile_n,num_stages,pingpong[,l2_kv_mb[,persist_m_blocks]];...")
+    parser.add_argument("--configs", default=None, help="tile_m,tile_n,num_stages,pingpong[,l2_kv_mb[,persist_m_blocks[,persist_l2_groups]]];...")
     parser.add_argument("--defaults-only", action="store_true", help="only the tile table's entries")
     parser.add_argument("--anchors", default="", help="e.g. fa4,sdpa_cudnn,fa_gen_sm80")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)

@@ -141,6 +141,9 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if q.shape[0] == 0 or batch == 0:
         return out, lse.fill_(-math.inf)
     shape = (max_seqlen_q, max_seqlen_k, heads_q, batch, group, q.device)
+    # Key rows past seqused_k are slack a caller need not fill (NaN included): the split kinds
+    # zero-fill them, while the sm90 whole-range kernel's TMA tiles would load them into P @ V.
+    whole_range = whole_range and seqused_k is None
     if whole_range and group == 1 and num_splits in (None, 0, 1):
         # The whole-key-range kernel (the sm90 family's on Hopper), unless its tiles leave the GPU idle.
         whole = inference_kernel(spec, arch, "forward_varlen")

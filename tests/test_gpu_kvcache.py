@@ -34,16 +34,20 @@ SPECS = [
                "mask": {"kind": "sliding_window", "left": 100, "right": 0}}),
     load_spec({"name": "kv_full_fp16_d64", "dtype": "fp16", "head_dim": 64, "mask": "none"}),
     resolve_spec("softcap"),  # a score-mod expression with a runtime scalar
+    resolve_spec("chunked_causal"),  # a mask expression (every visited tile applies it)
+    resolve_spec("sink_logit"),  # a sink logit (split 0's partial only)
 ]
 GROUPS = (1, 2, 4, 8)
 PAGE_SIZES = (1, 16, 48, 64, 256)
 
 
-def _kinds():
+def _kinds(spec):
+    from fa_gen.families.sm80 import gqa_packable
     from fa_gen.inference import packed_kind
 
     # Contiguous caches take the varlen split kinds too (fa_gen.api.kvcache._attend_contiguous).
-    return [packed_kind(base, g) for base in ("forward_varlen_split_paged", "forward_varlen_split") for g in GROUPS]
+    groups = GROUPS if gqa_packable(spec) else (1,)
+    return [packed_kind(base, g) for base in ("forward_varlen_split_paged", "forward_varlen_split") for g in groups]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ def arch():
     from fa_gen.runtime import current_arch
 
     arch = current_arch()
-    work = [(spec, arch, kind) for spec in SPECS for kind in _kinds()]
+    work = [(spec, arch, kind) for spec in SPECS for kind in _kinds(spec)]
     precompile_kinds(work, int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0")))
     return arch
 
@@ -62,9 +66,13 @@ def _dtype(spec):
     return torch.bfloat16 if spec.dtype.value == "bf16" else torch.float16
 
 
-def _inputs(spec, generator):
+def _inputs(spec, generator, heads_q):
     if spec.name == "softcap":
         return {"softcap": 5.0 + 45.0 * float(torch.rand((), generator=generator, device="cuda"))}
+    if spec.name == "chunked_causal":
+        return {"chunk": int(torch.randint(1, 300, (), generator=generator, device="cuda"))}
+    if spec.name == "sink_logit":
+        return {"sinks": 2.0 * torch.randn(heads_q, generator=generator, device="cuda")}
     return None
 
 
@@ -188,7 +196,7 @@ def test_kvcache_matches_reference_per_sequence(arch, data, lengths, seed):
         pack = None
     generator = torch.Generator(device="cuda").manual_seed(seed)
     case = Case(spec, lengths, seqlen_q, seqlen_new, (heads_kv * group, heads_kv), generator, page_size, slack)
-    inputs = _inputs(spec, generator)
+    inputs = _inputs(spec, generator, heads_kv * group)
     expected_k, expected_v = case.expected_caches()
     out, lse = case.call(num_splits=num_splits, pack_gqa=pack, inputs=inputs)
     assert out.shape == case.q.shape[:3] + (spec.head_dim_v,) and lse.shape == (len(lengths), heads_kv * group,

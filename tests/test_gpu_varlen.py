@@ -114,6 +114,12 @@ def _packed(spec, lengths, heads, generator, extra_k=()):
                         dtype=torch.int32, device="cuda")
     stored = [sk + (extra_k[i] if extra_k else 0) for i, (_, sk) in enumerate(lengths)]
     cu_k = torch.tensor([0] + [sum(stored[:i + 1]) for i in range(len(stored))], dtype=torch.int32, device="cuda")
+    # The slack past each sequence's used keys is NaN: no kernel may let it into a result.
+    start = 0
+    for (_, sk), rows in zip(lengths, stored):
+        k[start + sk:start + rows] = float("nan")
+        v[start + sk:start + rows] = float("nan")
+        start += rows
     return q, k, v, cu_q, cu_k
 
 

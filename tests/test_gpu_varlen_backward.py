@@ -30,9 +30,10 @@ pytestmark = [
 ]
 
 # Causal, a left + right window, a score mod with a runtime scalar, one reading h and q_idx, the
-# 128-row tile of d64, d256, and unequal head dims.
+# 128-row tile of d64, d256, and unequal head dims; a mask expression (applied to every tile:
+# no per-call lists in varlen) and a sink logit (in the forward's LSE).
 NAMES = ["causal_bf16_d128", "sliding_window_bf16_d128", "softcap", "alibi", "causal_fp16_d64",
-         "full_bf16_d256", "causal_bf16_qk192_v128"]
+         "full_bf16_d256", "causal_bf16_qk192_v128", "chunked_causal", "sink_logit"]
 SPECS = {name: resolve_spec(name) for name in NAMES}
 
 # (seqlen_q, seqlen_k) per sequence: empty sequences and single rows, keys fewer than queries,
@@ -93,7 +94,7 @@ def _run(spec, lengths, heads, seed, used=False, deterministic=False, runs=1):
         if used else [0] * len(lengths)
     q, k, v, cu_q, cu_k = _packed(spec, lengths, heads, generator, slack if used else ())
     seqused = torch.tensor([sk for _, sk in lengths], dtype=torch.int32, device="cuda") if used else None
-    inputs = _inputs(spec, generator)
+    inputs = _inputs(spec, generator, q.shape[1])
     max_q, max_k = max(sq for sq, _ in lengths), max(sk + x for (_, sk), x in zip(lengths, slack))
     out, lse = forward_varlen(spec, q, k, v, cu_q, cu_k, max_q, max_k, seqused, num_splits=1, inputs=inputs,
                               pack_gqa=False)

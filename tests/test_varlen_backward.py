@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fa_gen import varlen_backward
-from fa_gen.errors import InputError, UnsupportedError
+from fa_gen.errors import InputError
 from fa_gen.families.sm80 import BACKWARD_ROW_ALIGN, backward_tile_config
 from fa_gen.render import environment, render
 from fa_gen.runtime import resolve_spec
@@ -136,7 +136,11 @@ def test_output_errors(name, value, message):
         varlen_backward._check_outputs(args["spec"], args["q"], args["out"], args["dout"], args["lse"])
 
 
-def test_refuses_mask_and_sink_expressions():
+def test_mask_and_sink_expressions_render_without_tile_lists():
+    """The varlen backward takes no per-call query-tile lists: a mask expression applies to every
+    query tile it visits; a sink logit needs no code (the forward's LSE holds it)."""
     for name in ("document", "prefix_lm", "sink_logit", "attention_sinks"):
-        with pytest.raises(UnsupportedError, match="backward_varlen"):
-            render(resolve_spec(name), "sm_80", "sm80", kind="backward_varlen")
+        text = render(resolve_spec(name), "sm_80", "sm80", kind="backward_varlen").text
+        assert "mTileList" not in text, name
+        fixed = render(resolve_spec(name), "sm_80", "sm80", kind="backward").text
+        assert ("mTileList" in fixed) == (resolve_spec(name).mask_expr is not None), name

@@ -45,6 +45,11 @@ class TileConfig:
     # Causal-like masks: query tiles per head up to which the grid is persistent (static snake
     # over one longest-first list); above it, one CTA per tile and the hardware balances.
     persist_m_blocks: int = 64
+    # Causal-like masks, persistent grid: 1, one longest-first order over every (batch, head);
+    # 2, the L2 groups of l2_kv_mb as without a causal mask (l2_kv_mb 1: sequence by sequence,
+    # head by head, as the varlen scheduler goes). An experiment: H100, 8 x 2048, h16, d128,
+    # causal: 350 TFLOP/s for 1, 549 for the varlen kernel's order (bench/varlen_sweep.py).
+    persist_l2_groups: int = 1
 
     @property
     def pingpong_on(self) -> bool:
@@ -150,7 +155,8 @@ class Sm90Family(Family):
     name = "sm90"
     archs = ("sm_90a",)
     backend = "cute_dsl"
-    tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks")
+    tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks",
+                     "persist_l2_groups")
     # The backward kernel (fa_gen/families/sm90_backward.py); head dims it does not fit drop out
     # of kernel_files, and their backward goes to the next family (fa_gen.backward.backward_family).
     # The forward of short causal-like sequences (SHORT_KIND) is the same template with its own tiles.
@@ -239,6 +245,8 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         reasons.append(f"tuning: num_stages {cfg.num_stages} must be at least 2")
     if cfg.pingpong not in (1, 2):
         reasons.append(f"tuning: pingpong {cfg.pingpong} must be 1 (off) or 2 (on)")
+    if cfg.persist_l2_groups not in (1, 2):
+        reasons.append(f"tuning: persist_l2_groups {cfg.persist_l2_groups} must be 1 (off) or 2 (on)")
     # Per consumer thread: S (fp32), P (16-bit, two per register) and O (fp32) of 64 rows / 128 threads.
     fragments = cfg.tile_n // 2 + cfg.tile_n // 4 + spec.head_dim_v // 2
     budget = REGISTER_SPLIT[cfg.num_consumer_warpgroups][0] - _REGISTER_RESERVE
