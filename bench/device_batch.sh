@@ -9,9 +9,11 @@
 #   bash bench/device_batch.sh COMMIT inference  the inference L1 suites (varlen, varlen backward,
 #                                             combine, kvcache, FA-compatible API + transformers)
 #                                             with FA_GEN_L1_EXAMPLES (default 40), one log each
+#   bash bench/device_batch.sh COMMIT e2e     a 1B Llama-style model in transformers, fa_gen vs SDPA:
+#                                             prefill and decode tokens/s, attention share (bench/bench_e2e.py)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench, decode or inference}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode, inference or e2e}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -28,6 +30,8 @@ elif [[ $part == inference ]]; then
     python -m pytest -q -p no:cacheprovider "tests/$suite.py" "$@" > "$out/$suite.log" 2>&1
     echo "$suite: $(tail -1 "$out/$suite.log")"
   done
+elif [[ $part == e2e ]]; then
+  python bench/bench_e2e.py --commit "$commit" --out "$out" --profile "$@" 2>&1 | tee "$out/bench_e2e.log"
 elif [[ $part == decode ]]; then
   python bench/bench_decode.py --commit "$commit" --out "$out" --plot "$@" 2>&1 | tee "$out/bench_decode.log"
 else
