@@ -215,6 +215,20 @@ def test_varlen_takes_a_learnable_sink_and_its_gradient_on_meta():
     assert _spec_of(q, k, causal=True, learnable_sink=torch.zeros(4)).name == "fa_bf16_d64_causal_sink"
 
 
+def test_torch_compile_fullgraph_traces_varlen_with_a_sink():
+    def loss(q, k, v, cu_q, cu_k, sink):
+        return fa_gen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 15, 20, causal=True, learnable_sink=sink)
+
+    torch._dynamo.reset()
+    q, k = _meta(20, 4, 64, grad=True), _meta(30, 2, 64, grad=True)
+    cu_q = torch.tensor([0, 5, 20], dtype=torch.int32, device="meta")
+    cu_k = torch.tensor([0, 10, 30], dtype=torch.int32, device="meta")
+    sink = torch.zeros(4, device="meta", requires_grad=True)
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")  # any graph break is an error
+    compiled(q, k, k, cu_q, cu_k, sink).float().sum().backward()
+    assert q.grad.shape == q.shape and sink.grad.shape == sink.shape
+
+
 def _reference_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, spec, inputs=None, **_):
     """attention_varlen's stand-in: each sequence's float64 reference, as the kernel gives it (no
     gradient: the kernel's is checked on the GPU); the sink gradient is what is tested."""
