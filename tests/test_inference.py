@@ -93,7 +93,15 @@ def test_input_errors_before_any_device_work():
                                        ("sliding_window_bf16_d128", "backward_varlen"),
                                        ("softcap", "backward_varlen"),
                                        ("alibi", "backward_varlen"),
-                                       ("full_bf16_d256", "backward_varlen")])
+                                       ("full_bf16_d256", "backward_varlen"),
+                                       # Expressions without per-call tile lists.
+                                       ("chunked_causal", "forward_varlen_split"),
+                                       ("sink_logit", "forward_split"),
+                                       ("chunked_causal", "backward_varlen"),
+                                       # Paged K/V (templates/common/kv_source.j2).
+                                       ("causal_bf16_d128", "forward_varlen_split_paged"),
+                                       ("softcap", "forward_varlen_split_paged_pack8"),
+                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged")])
 def test_inference_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
     from fa_gen.backends.cute_dsl import compile_to_object
 

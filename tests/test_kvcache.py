@@ -113,13 +113,4 @@ def test_paged_render_reads_pages():
     assert "PagedKV" not in plain and "mPageTable" not in plain
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-@pytest.mark.parametrize("name,kind", [("causal_bf16_d128", "forward_varlen_split_paged"),
-                                       ("softcap", "forward_varlen_split_paged_pack8"),
-                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged")])
-def test_paged_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
-    from fa_gen.backends.cute_dsl import compile_to_object
-
-    monkeypatch.setenv("CUTE_DSL_ARCH", arch)
-    text = render(resolve_spec(name), arch, "sm80", kind=kind).text
-    compile_to_object(text, arch, tmp_path / f"{kind}.o", label=f"{name} {kind}")
+# The paged kinds compile for sm_80 and sm_90a: tests/test_inference.py::test_inference_kinds_compile.
