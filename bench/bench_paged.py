@@ -35,19 +35,9 @@ SEED = 0
 
 
 @dataclass(frozen=True)
-class PagedCell:
-    name: str
-    batch: int
-    seqlen_k: int
-    heads_q: int
-    heads_kv: int
-    page_size: int
-    head_dim: int = 128
-    dtype: str = "bf16"
-
-    @property
-    def kv_bytes(self) -> int:
-        return 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * decode.ELEMENT_BYTES[self.dtype]
+class PagedCell(decode.DecodeCell):
+    """A decode cell whose K/V sit in pages of `page_size` rows."""
+    page_size: int = 16
 
 
 def _paged_cells() -> tuple[PagedCell, ...]:
@@ -55,7 +45,7 @@ def _paged_cells() -> tuple[PagedCell, ...]:
     for batch, seqlen_k in ((64, 8 * 1024), (8, 32 * 1024), (1, 128 * 1024)):
         for page_size in PAGE_SIZES:
             name = f"b{batch}_sk{seqlen_k // 1024}k_h32/8_p{page_size}"
-            cells.append(PagedCell(name, batch, seqlen_k, 32, 8, page_size))
+            cells.append(PagedCell(name, batch, seqlen_k, 32, 8, page_size=page_size))
     return tuple(cells)
 
 

@@ -128,10 +128,8 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    seqused_k: torch.Tensor | None = None, num_splits: int | None = None, inputs=None,
-                   arch: str | None = None, pack_gqa: bool | None = None, whole_range: bool = True):
-    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring.
-    whole_range=False keeps to the split kinds (one split included), never the whole-key-range
-    kernel, whose tiles may read key rows past seqused_k."""
+                   arch: str | None = None, pack_gqa: bool | None = None):
+    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring."""
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     arch, group, extra, out, lse = _varlen_call(spec, q, k.shape[1], "forward_varlen_split", max_seqlen_q, pack_gqa,
                                                 inputs, arch)
@@ -143,8 +141,7 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     shape = (max_seqlen_q, max_seqlen_k, heads_q, batch, group, q.device)
     # Key rows past seqused_k are slack a caller need not fill (NaN included): the split kinds
     # zero-fill them, while the sm90 whole-range kernel's TMA tiles would load them into P @ V.
-    whole_range = whole_range and seqused_k is None
-    if whole_range and group == 1 and num_splits in (None, 0, 1):
+    if seqused_k is None and group == 1 and num_splits in (None, 0, 1):
         # The whole-key-range kernel (the sm90 family's on Hopper), unless its tiles leave the GPU idle.
         whole = inference_kernel(spec, arch, "forward_varlen")
         if num_splits == 1 or _varlen_splits(whole, *shape) == 1:

@@ -93,9 +93,8 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
                        inputs, pack_gqa):
     """A contiguous cache as one packed key tensor: sequence b's keys start at row
     cache_batch_idx[b] * seqlen_cache (cu_seqlens_k's last entry is never read: seqused_k is set).
-    Always a split kind (sm80 family): it zero-fills the rows of a key tile past a sequence's
-    length, which a cache's unused slots need (they may hold anything, NaN included); the sm90
-    whole-range varlen kernel loads them by TMA and a NaN there reaches the output."""
+    With seqused_k set, forward_varlen keeps to the split kinds, which zero-fill key rows past a
+    sequence's length: a cache's unused slots may hold anything, NaN included."""
     batch_cache, seqlen_cache, heads_kv, _ = k_cache.shape
     batch = cu_q.shape[0] - 1
     rows = (cache_batch_idx.to(torch.int32) if cache_batch_idx is not None
@@ -104,7 +103,7 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     k = k_cache.view(batch_cache * seqlen_cache, heads_kv, k_cache.shape[-1])
     v = v_cache.view(batch_cache * seqlen_cache, heads_kv, v_cache.shape[-1])
     return forward_varlen(spec, packed_q, k, v, cu_q, cu_k, seqlen_q, seqlen_cache, seqused, num_splits or None,
-                          inputs, pack_gqa=pack_gqa, whole_range=False)
+                          inputs, pack_gqa=pack_gqa)
 
 
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
