@@ -74,13 +74,18 @@ def inference_kernel(spec: Spec, arch: str, kind: str) -> InferenceKernel:
 
 
 def num_splits_for(tiles: int, key_tiles: int, num_sms: int, ctas_per_sm: int = 1) -> int:
-    """Splits of each query tile's keys: the fewest whose grid fills its last wave of CTAs
-    (`ctas_per_sm` per SM) within WAVE_SLACK of the best fill, at least two key tiles per split,
-    at most MAX_SPLITS; 1 when the tiles alone nearly fill the GPU. H200, decode (seqlen_q 1,
-    bf16, d 128, 64x64 tiles, 2 CTAs per SM): 5 splits of 64 tiles (1.2 waves) read 2.9 TB/s,
-    4 splits (0.97 of a wave) 4.3 TB/s."""
+    """Splits of each query tile's keys: 1 when the tiles alone nearly fill the GPU and leave no
+    mostly empty last wave; else the fewest splits whose grid fills its last wave of CTAs
+    (`ctas_per_sm` per SM) within WAVE_SLACK of the best fill, at least two key tiles per
+    split, at most MAX_SPLITS. H200, decode (seqlen_q 1, bf16, d 128, 64x64 tiles, 2 CTAs per
+    SM): 5 splits of 64 tiles (1.2 waves) read 2.9 TB/s, 4 splits (0.97 of a wave) 4.3 TB/s.
+    H100, d 64 (3 CTAs per SM): 512 tiles (1.29 waves) unsplit read 2.39 TB/s, 3 splits 2.78
+    (bench/results/logs/2026-11-25-split-sweep-d78be05-h100.json)."""
     slots = num_sms * ctas_per_sm
-    if tiles == 0 or tiles >= FULL_GRID * slots:
+    if tiles == 0:
+        return 1
+    waves = tiles / slots
+    if waves >= FULL_GRID and (waves >= 2 or waves % 1 == 0 or waves % 1 >= 0.5):
         return 1
     most = max(1, min(key_tiles // 2, MAX_SPLITS))
     fill = [tiles * s / (math.ceil(tiles * s / slots) * slots) for s in range(1, most + 1)]

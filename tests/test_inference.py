@@ -36,8 +36,23 @@ def test_empty_grids_take_no_split():
 
 
 def test_full_grids_take_no_split():
-    assert num_splits_for(512, 128, 132, 2) == 1
-    assert num_splits_for(240, 4096, 132, 2) == 1
+    assert num_splits_for(512, 128, 132, 2) == 1  # 1.94 waves
+    assert num_splits_for(240, 4096, 132, 2) == 1  # 0.91 of a wave
+    assert num_splits_for(1024, 32, 132, 3) == 1  # 2.6 waves
+
+
+def test_a_mostly_empty_last_wave_is_split():
+    # 512 tiles on 396 slots: 1.29 waves; 3 splits fill 0.97 of four waves.
+    assert num_splits_for(512, 128, 132, 3) == 3
+
+
+def test_split_kinds_count_their_registers():
+    from fa_gen.families.sm80 import split_tile_config
+    d64, d128 = resolve_spec("full_fp16_d64"), resolve_spec("full_bf16_d128")
+    smem = 227 * 1024
+    assert split_tile_config(d64, "sm_90a").blocks_per_sm(64, 64, smem, 168) == 3  # by registers
+    assert split_tile_config(d64, "sm_90a").blocks_per_sm(64, 64, smem) == 2  # at the 255 cap
+    assert split_tile_config(d128, "sm_90a").blocks_per_sm(128, 128, smem, 168) == 2  # by shared memory
 
 
 def test_packing_rules():

@@ -48,6 +48,9 @@ _REGS_PER_SM = 64 * 1024
 _MAX_REGS_PER_THREAD = 256  # 255 usable, allocated in whole warps of 256
 # S and O accumulators one thread may hold before the kernel spills (of 255 registers).
 _MAX_ACCUMULATORS = 192
+# Registers per thread of the split kinds (ptxas, sm_90a, bf16, d 64 and 128, no expression:
+# fa_gen.backends.cute_dsl.ptxas_remarks): three 4-warp CTAs fit an SM by registers, not two.
+_SPLIT_REGS_PER_THREAD = 168
 # Shared memory the driver reserves per resident block.
 _SMEM_RESERVED_PER_BLOCK = 1024
 
@@ -65,11 +68,13 @@ class TileConfig:
         kv = self.num_stages * self.tile_n * (head_dim_qk + head_dim_v)
         return (q + kv) * elem_bytes
 
-    def blocks_per_sm(self, head_dim_qk: int, head_dim_v: int, smem_per_block: int) -> int:
-        """Resident CTAs per SM, bounded by shared memory and by registers at the 255 cap."""
+    def blocks_per_sm(self, head_dim_qk: int, head_dim_v: int, smem_per_block: int,
+                      regs_per_thread: int = _MAX_REGS_PER_THREAD) -> int:
+        """Resident CTAs per SM, bounded by shared memory and by registers (allocated per
+        thread in steps of 8; the 255 cap unless the kernel's count is known)."""
         smem_per_sm = smem_per_block + _SMEM_RESERVED_PER_BLOCK
         by_smem = smem_per_sm // (self.smem_bytes(head_dim_qk, head_dim_v) + _SMEM_RESERVED_PER_BLOCK)
-        by_regs = _REGS_PER_SM // (self.num_warps * 32 * _MAX_REGS_PER_THREAD)
+        by_regs = _REGS_PER_SM // (self.num_warps * 32 * -(-regs_per_thread // 8) * 8)
         return min(by_smem, by_regs)
 
 
@@ -143,7 +148,8 @@ class Sm80Family(Family):
                 smem = arch_info(arch).max_smem_per_block
                 context["tile"] = asdict(cfg)
                 # What the split count aims to fill (fa_gen.inference.num_splits_for).
-                context["ctas_per_sm"] = cfg.blocks_per_sm(spec.head_dim_qk, spec.head_dim_v, smem)
+                context["ctas_per_sm"] = cfg.blocks_per_sm(spec.head_dim_qk, spec.head_dim_v, smem,
+                                                           _SPLIT_REGS_PER_THREAD)
             return context
         if kind not in BACKWARD_KINDS:
             return {}

@@ -1,0 +1,50 @@
+"""Decode GB/s of fa_gen's split-KV forward per split count, beside cuDNN (SDPA) and a D2D copy, in
+one process: what num_splits_for should pick per cell.
+
+    CELLS=b1_sk128k_h32/8,b64_sk8k_h32/8_d64 SPLITS=1,2,3,4 python bench/split_sweep.py
+Writes $OUT/split_sweep.json (or /tmp)."""
+import json, os, sys
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
+import torch
+import bench_decode as bd
+import fa_gen.inference as inf
+from fa_gen.runtime import resolve_spec
+
+CELLS = [c for c in bd.DECODE_CELLS if not os.environ.get("CELLS") or c.name in os.environ["CELLS"].split(",")]
+SPLITS = [int(s) for s in os.environ.get("SPLITS", "1,2,3,4,6,8,16,24,32,33,48,64,66,99").split(",")]
+
+
+def main():
+    timer = bd.Timer()
+    copy = bd.copy_bandwidth(timer)
+    print("copy GB/s", round(copy["gbps"]), flush=True)
+    rows = []
+    for cell in CELLS:
+        spec = resolve_spec(bd.fa_gen_spec(False, cell.dtype, cell.head_dim))
+        dt = bd.TORCH_DTYPES[cell.dtype]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(cell.batch, 1, cell.heads_q, cell.head_dim, generator=g, device="cuda").to(dt)
+        k = torch.randn(cell.batch, cell.seqlen_k, cell.heads_kv, cell.head_dim, generator=g, device="cuda").to(dt)
+        v = torch.randn_like(k)
+        cudnn = bd.sdpa("CUDNN_ATTENTION", q, k, v)
+        ref = cudnn().float()
+        row = {"cell": cell.name, "impl": "sdpa_cudnn", "ms": timer.median_ms(cudnn)}
+        row["gbps"] = round(bd.gbps(cell.kv_bytes, row["ms"]))
+        rows.append(row); print(row, flush=True)
+        for splits in [None] + SPLITS:
+            row = {"cell": cell.name, "impl": "fa_gen_split", "splits": splits}
+            try:
+                fn = lambda: inf.forward_split(spec, q, k, v, num_splits=splits)
+                row["err_vs_cudnn"] = (fn()[0].float() - ref).abs().max().item()
+                row["ms"] = timer.median_ms(fn)
+                row["gbps"] = round(bd.gbps(cell.kv_bytes, row["ms"]))
+                row["over_copy"] = round(row["gbps"] / copy["gbps"], 3)
+            except Exception as exc:
+                row["error"] = str(exc)[:300]
+            rows.append(row); print(row, flush=True)
+    out = os.path.join(os.environ.get("OUT", "/tmp"), "split_sweep.json")
+    json.dump({"copy": copy, "device": torch.cuda.get_device_name(), "rows": rows}, open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
