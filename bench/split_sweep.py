@@ -12,6 +12,7 @@ from fa_gen.runtime import resolve_spec
 
 CELLS = [c for c in bd.DECODE_CELLS if not os.environ.get("CELLS") or c.name in os.environ["CELLS"].split(",")]
 SPLITS = [int(s) for s in os.environ.get("SPLITS", "1,2,3,4,6,8,16,24,32,33,48,64,66,99").split(",")]
+ROUNDS = int(os.environ.get("ROUNDS", "1"))  # every cell's impls timed again, interleaved: the noise
 
 
 def main():
@@ -19,7 +20,7 @@ def main():
     copy = bd.copy_bandwidth(timer)
     print("copy GB/s", round(copy["gbps"]), flush=True)
     rows = []
-    for cell in CELLS:
+    for cell in CELLS * ROUNDS:
         spec = resolve_spec(bd.fa_gen_spec(False, cell.dtype, cell.head_dim))
         dt = bd.TORCH_DTYPES[cell.dtype]
         g = torch.Generator(device="cuda").manual_seed(0)

@@ -44,13 +44,15 @@ def _lanes(head_dim: int, in_dtype: torch.dtype) -> int:
     return head_dim // (16 // in_dtype.itemsize)
 
 
-def render_combine(head_dim: int, dtype: torch.dtype, in_dtype: torch.dtype = torch.float32, slices: int = 1) -> str:
+def render_combine(head_dim: int, dtype: torch.dtype, in_dtype: torch.dtype = torch.float32, slices: int = 1,
+                   pdl: bool = False) -> str:
     """The combine kernel's source: parts of `in_dtype`, outputs of `dtype`, `head_dim` columns,
-    each pair's parts shared by `slices` lane groups."""
+    each pair's parts shared by `slices` lane groups; `pdl`: launched as a programmatic dependent
+    of the kernel before it (sm_90 on), overlapping its launch with that kernel's tail."""
     lanes = _lanes(head_dim, in_dtype)
     pairs = 1 if slices > 1 else max(1, _THREADS // lanes)
     return environment().get_template(TEMPLATE).render(
-        head_dim=head_dim, dtype_name=_DTYPES[dtype], in_dtype_name=_DTYPES[in_dtype], pairs=pairs, slices=slices,
+        head_dim=head_dim, dtype_name=_DTYPES[dtype], in_dtype_name=_DTYPES[in_dtype], pairs=pairs, slices=slices, pdl=pdl,
         fa_gen_version=__version__)
 
 
@@ -64,12 +66,17 @@ def slices_for(pairs: int, parts: int, head_dim: int, in_dtype: torch.dtype) -> 
     return max(1, _SLICED_THREADS // lanes)
 
 
+def _has_pdl(arch: str) -> bool:
+    """Programmatic dependent launch (griddepcontrol) exists from sm_90 on."""
+    return int(arch.removeprefix("sm_").rstrip("af")) >= 90
+
+
 @functools.lru_cache(maxsize=None)
 def combine_kernel(head_dim: int, dtype: torch.dtype, arch: str, in_dtype: torch.dtype = torch.float32,
                    slices: int = 1):
     """The compiled combine for (head_dim, dtype, in_dtype, slices) on `arch`, from the cache or built."""
     backend = get_backend("cute_dsl")
-    source = render_combine(head_dim, dtype, in_dtype, slices)
+    source = render_combine(head_dim, dtype, in_dtype, slices, pdl=_has_pdl(arch))
     uri = f"combine_d{head_dim}_{_DTYPES[in_dtype]}_{_DTYPES[dtype]}_s{slices}"
     key = CacheKey.for_source(uri=uri, arch=arch, kind="combine", source=source,
                               fields={"backend": "cute_dsl", "options": backend.compile_options(arch)})

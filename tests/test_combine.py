@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fa_gen.combine import HEAD_DIMS, _aligned, merge_attention_states, merge_reference, render_combine, slices_for
+from fa_gen.combine import HEAD_DIMS, _aligned, _has_pdl, merge_attention_states, merge_reference, render_combine, slices_for
 from fa_gen.errors import InputError
 
 
@@ -107,5 +107,7 @@ def test_combine_compiles(tmp_path, monkeypatch, arch, head_dim):
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
     for i, (dtype, in_dtype, slices) in enumerate(_variants(head_dim)):
         object_path = tmp_path / f"c{head_dim}_{i}.o"
-        compile_to_object(render_combine(head_dim, dtype, in_dtype, slices), arch, object_path, label="combine")
+        source = render_combine(head_dim, dtype, in_dtype, slices, pdl=_has_pdl(arch))
+        assert ("griddepcontrol_wait" in source) == (arch == "sm_90a")
+        compile_to_object(source, arch, object_path, label="combine")
         assert object_path.stat().st_size > 0
