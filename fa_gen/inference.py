@@ -73,23 +73,53 @@ def inference_kernel(spec: Spec, arch: str, kind: str) -> InferenceKernel:
                            context["tile"]["tile_n"], context.get("ctas_per_sm", 1))
 
 
-def num_splits_for(tiles: int, key_tiles: int, num_sms: int, ctas_per_sm: int = 1) -> int:
+@functools.lru_cache(maxsize=4096)
+def num_splits_for(tiles: int, key_tiles: int, num_sms: int, ctas_per_sm: int = 1, saturating: int | None = None) -> int:
     """Splits of each query tile's keys: 1 when the tiles alone nearly fill the GPU and leave no
-    mostly empty last wave; else the fewest splits whose grid fills its last wave of CTAs
-    (`ctas_per_sm` per SM) within WAVE_SLACK of the best fill, at least two key tiles per
-    split, at most MAX_SPLITS. H200, decode (seqlen_q 1, bf16, d 128, 64x64 tiles, 2 CTAs per
-    SM): 5 splits of 64 tiles (1.2 waves) read 2.9 TB/s, 4 splits (0.97 of a wave) 4.3 TB/s.
-    H100, d 64 (3 CTAs per SM): 512 tiles (1.29 waves) unsplit read 2.39 TB/s, 3 splits 2.78
-    (bench/results/logs/2026-11-25-split-sweep-d78be05-h100.json)."""
+    mostly empty last wave; else the fewest splits whose grid fills its last wave of CTAs within
+    WAVE_SLACK of the best fill, at least two key tiles per split, at most MAX_SPLITS. A wave is
+    `ctas_per_sm` CTAs per SM, or `saturating` per SM (the CTAs that reach the memory bandwidth,
+    _saturating_ctas) when the grid was smaller than a full wave. Cached: it runs on every call.
+    H200, decode (seqlen_q 1, bf16, d 128, 64x64 tiles, 2 CTAs per SM): 5 splits of 64 tiles
+    (1.2 waves) read 2.9 TB/s, 4 splits (0.97 of a wave) 4.3 TB/s. H100, d 64 (3 CTAs per SM):
+    512 tiles (1.29 waves) unsplit read 2.39 TB/s, 3 splits 2.78; b1 sk128k (8 tiles): 16 splits
+    (one CTA per SM) 2.87 TB/s, 32 splits 2.75 (bench/results/logs/2026-11-25-split-sweep-*-h100.json)."""
     slots = num_sms * ctas_per_sm
     if tiles == 0:
         return 1
     waves = tiles / slots
     if waves >= FULL_GRID and (waves >= 2 or waves % 1 == 0 or waves % 1 >= 0.5):
         return 1
+    if waves < FULL_GRID and saturating:
+        slots = num_sms * max(1, min(ctas_per_sm, saturating))
     most = max(1, min(key_tiles // 2, MAX_SPLITS))
     fill = [tiles * s / (math.ceil(tiles * s / slots) * slots) for s in range(1, most + 1)]
     return next(s for s, f in enumerate(fill, 1) if f >= WAVE_SLACK * max(fill))
+
+
+# GB/s one split CTA streams from memory on its own (64x64 tiles, two stages): H200, decode
+# b1 sk128k h32/8 at 16 splits (128 CTAs, one per SM), 3.52 TB/s = 27.5 GB/s a CTA.
+CTA_STREAM_GBPS = 28.0
+
+
+@functools.lru_cache(maxsize=8)
+def _saturating_ctas(device_index: int) -> int | None:
+    """Split CTAs per SM that together reach the device's peak memory bandwidth (from its memory
+    clock and bus width: H100 SXM 3.35 TB/s / 132 SMs -> 1, H200 4.8 TB/s -> 2); None when the
+    device does not say."""
+    props = torch.cuda.get_device_properties(device_index)
+    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    if not clock_khz or not bus_bits:
+        try:
+            from cuda.bindings import runtime as cudart
+
+            attr = cudart.cudaDeviceAttr
+            clock_khz = cudart.cudaDeviceGetAttribute(attr.cudaDevAttrMemoryClockRate, device_index)[1]
+            bus_bits = cudart.cudaDeviceGetAttribute(attr.cudaDevAttrGlobalMemoryBusWidth, device_index)[1]
+        except Exception:  # no cuda-python or no answer: fill whole waves
+            return None
+    peak_gbps = 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9  # double data rate
+    return max(1, math.ceil(peak_gbps / props.multi_processor_count / CTA_STREAM_GBPS)) if peak_gbps else None
 
 
 @functools.lru_cache(maxsize=8)
@@ -108,8 +138,9 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     group = gqa_pack(spec, arch, "forward_split", heads_q // k.shape[2], seqlen_q, pack_gqa)
     kern = inference_kernel(spec, arch, packed_kind("forward_split", group))
     tiles = -(-seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
-    splits = num_splits or num_splits_for(tiles, -(-k.shape[1] // kern.tile_n),
-                                          _num_sms(q.device.index or 0), kern.ctas_per_sm)
+    device = q.device.index or 0
+    splits = num_splits or num_splits_for(tiles, -(-k.shape[1] // kern.tile_n), _num_sms(device), kern.ctas_per_sm,
+                                          _saturating_ctas(device))
     _, extra = bind_arguments(spec, q, k, inputs)
     rows = batch * seqlen_q
     out = torch.empty((batch, seqlen_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
@@ -196,7 +227,9 @@ def _varlen_splits(kern: InferenceKernel, max_seqlen_q: int, max_seqlen_k: int, 
                    group: int, device) -> int:
     """Key splits of a varlen call's tiles, from the longest lengths and the GPU's SM count."""
     tiles = -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
-    return num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(device.index or 0), kern.ctas_per_sm)
+    index = device.index or 0
+    return num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(index), kern.ctas_per_sm,
+                          _saturating_ctas(index))
 
 
 def _run_split(kern: InferenceKernel, qkv: tuple, out: torch.Tensor, lse: torch.Tensor, sequences: tuple,

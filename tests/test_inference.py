@@ -46,6 +46,15 @@ def test_a_mostly_empty_last_wave_is_split():
     assert num_splits_for(512, 128, 132, 3) == 3
 
 
+def test_a_small_grid_fills_the_ctas_that_saturate_memory():
+    # 8 tiles (decode b1, 8 KV heads): one CTA per SM saturates an H100 (16 splits), two an H200 (32).
+    assert num_splits_for(8, 2048, 132, 2, saturating=1) == 16
+    assert num_splits_for(8, 2048, 132, 2, saturating=2) == 32
+    assert num_splits_for(8, 2048, 132, 2, saturating=5) == 32  # never past the resident CTAs
+    # A full grid keeps its own rule.
+    assert num_splits_for(512, 128, 132, 3, saturating=1) == 3
+
+
 def test_split_kinds_count_their_registers():
     from fa_gen.families.sm80 import split_tile_config
     d64, d128 = resolve_spec("full_fp16_d64"), resolve_spec("full_bf16_d128")
