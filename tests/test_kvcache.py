@@ -114,3 +114,25 @@ def test_paged_render_reads_pages():
 
 
 # The paged kinds compile for sm_80 and sm_90a: tests/test_inference.py::test_inference_kinds_compile.
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("rows", ["pages", "index", "batch"])
+def test_append_kernel_compiles(tmp_path, monkeypatch, arch, rows):
+    from fa_gen.append import render_append
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", arch)
+    for dtype, dk, dv in ((torch.bfloat16, 128, 128), (torch.float16, 192, 128)):
+        source = render_append(dtype, dk, dv, rows)
+        object_path = tmp_path / f"append_{dk}_{dv}.o"
+        compile_to_object(source, arch, object_path, label="append_kv")
+        assert object_path.stat().st_size > 0
+
+
+def test_append_takes_the_torch_path_where_the_kernel_cannot_go():
+    from fa_gen.append import _kernel_ready
+
+    cache = torch.randn(2, 8, 2, 64, dtype=torch.bfloat16)
+    assert not _kernel_ready(cache)  # on the CPU
+    assert not _kernel_ready(torch.randn(2, 8, 2, 64))  # fp32

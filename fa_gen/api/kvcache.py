@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from ..append import append_to_cache
 from ..autograd import spec_from_key, spec_key
 from ..errors import InputError
 from ..inference import forward_paged, forward_varlen
@@ -104,25 +105,6 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     v = v_cache.view(batch_cache * seqlen_cache, heads_kv, v_cache.shape[-1])
     return forward_varlen(spec, packed_q, k, v, cu_q, cu_k, seqlen_q, seqlen_cache, seqused, num_splits or None,
                           inputs, pack_gqa=pack_gqa)
-
-
-def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                    cache_seqlens: torch.Tensor, page_table: torch.Tensor | None = None,
-                    cache_batch_idx: torch.Tensor | None = None) -> None:
-    """Write k_new/v_new (batch, seqlen_new, heads_kv, d) into the caches in place at positions
-    cache_seqlens[b] + j, by index tensors computed on the device (one index_put_ per cache)."""
-    batch, seqlen_new = k_new.shape[:2]
-    positions = cache_seqlens.to(torch.int64)[:, None] + torch.arange(seqlen_new, device=k_new.device)
-    if page_table is not None:
-        page_size = k_cache.shape[1]
-        pages = torch.gather(page_table, 1, positions // page_size).to(torch.int64)
-        index = (pages, positions % page_size)
-    else:
-        rows = cache_batch_idx.to(torch.int64) if cache_batch_idx is not None else \
-            torch.arange(batch, device=k_new.device)
-        index = (rows[:, None].expand(batch, seqlen_new), positions)
-    k_cache.index_put_(index, k_new)
-    v_cache.index_put_(index, v_new)
 
 
 def _cache_lengths(cache_seqlens, batch: int, device) -> torch.Tensor:
