@@ -23,6 +23,7 @@ at the call, never a silent None.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -31,8 +32,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .backward import build_backward
 from .errors import InputError, UnsupportedError
 from .inference import decode_shaped, forward_split
-from .runtime import build, resolve_spec
+from .runtime import build, current_arch, resolve_spec
 from .spec import Spec, spec_by_key
+from .target import resolve_target
 from .variant.sink_grad import differentiable_inputs, sink_input_gradients
 
 _SPECS: dict[str, Spec] = {}
@@ -206,6 +208,21 @@ def differentiable_input_names(key: str) -> tuple[str, ...]:
     """The inputs of the spec registered under `key` whose gradient the backward gives
     (fa_gen.variant.sink_grad); torch.compile keeps the answer as a constant."""
     return tuple(sorted(differentiable_inputs(spec_from_key(key))))
+
+
+def refuse_missing_backward(key: str, kind: str, *tensors: torch.Tensor) -> None:
+    """UnsupportedError now, not at loss.backward(), when a gradient is wanted through a spec
+    whose `kind` backward no family renders on this GPU (a forward-only head dim, say). Eager
+    calls only: under torch.compile the backward's own resolution reports it."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return
+    if any(isinstance(t, torch.Tensor) and t.requires_grad and t.is_cuda for t in tensors):
+        _backward_target(key, current_arch(), kind)
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_target(key: str, arch: str, kind: str):
+    return resolve_target(spec_from_key(key), arch, kind)
 
 
 def _refuse_gradients(spec: Spec, names, allowed: tuple[str, ...]) -> None:

@@ -17,6 +17,11 @@ def _cmd_list(args) -> int:
         dims = str(spec.head_dim_qk) if spec.head_dim_qk == spec.head_dim_v else f"{spec.head_dim_qk}/{spec.head_dim_v}"
         print(f"{spec.name:32s} {spec.dtype.value:5s} d={dims:8s} mask={spec.mask.value:15s} "
               f"archs={','.join(spec.archs)}")
+    from .families import REGISTRY
+
+    print("\nhead dims each family serves (qk, or qk/v; a spec takes the first family that serves it):")
+    for family in REGISTRY:
+        print(f"  {family.name:5s} {','.join(family.archs):40s} {family.served_head_dims()}")
     return 0
 
 

@@ -27,7 +27,8 @@ from .runtime import current_arch
 from .version import __version__
 
 TEMPLATE = "common/combine.py.j2"
-HEAD_DIMS = (64, 96, 128, 192, 256, 512)
+# Every multiple of 8 up to 512 (16-byte rows of bf16/fp16 parts; the forwards' head dims and MLA's 512).
+HEAD_DIMS = tuple(range(8, 513, 8))
 _DTYPES = {torch.bfloat16: "BFloat16", torch.float16: "Float16", torch.float32: "Float32"}
 # Threads a CTA aims for: whole lane groups (head_dim / columns-per-lane threads each).
 _THREADS = 128
@@ -151,6 +152,6 @@ def _check_states(outs, lses) -> None:
     if outs.shape[0] < 1:
         raise InputError("there must be at least one part to merge")
     if outs.shape[-1] not in HEAD_DIMS:
-        raise InputError(f"head_dim must be one of {HEAD_DIMS}; got {outs.shape[-1]}")
+        raise InputError(f"head_dim must be a multiple of 8 from 8 to 512; got {outs.shape[-1]}")
     if not outs.is_cuda or lses.device != outs.device:
         raise InputError(f"outs and lses must be CUDA tensors on one device; got {outs.device} and {lses.device}")

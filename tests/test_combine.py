@@ -57,7 +57,7 @@ def test_rows_no_part_saw_are_zero_and_minus_infinity():
     (torch.zeros(2, 3, 4, 64), torch.zeros(2, 3, 4, dtype=torch.float16), "lses must be float32"),
     (torch.zeros(2, 3, 4, 64), torch.zeros(2, 3, 5), "parts, \\*rows, heads"),
     (torch.zeros(0, 3, 4, 64), torch.zeros(0, 3, 4), "at least one part"),
-    (torch.zeros(2, 3, 4, 80), torch.zeros(2, 3, 4), "head_dim must be one of"),
+    (torch.zeros(2, 3, 4, 84), torch.zeros(2, 3, 4), "head_dim must be a multiple of 8"),
     (torch.zeros(2, 3, 4, 64), torch.zeros(2, 3, 4), "CUDA"),
 ])
 def test_input_errors(outs, lses, match):
@@ -100,7 +100,7 @@ def _variants(head_dim):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", [8, 72, 96, 128, 200, 256, 512])
 def test_combine_compiles(tmp_path, monkeypatch, arch, head_dim):
     from fa_gen.backends.cute_dsl import compile_to_object
 

@@ -478,7 +478,12 @@ def test_message_unknown_arch_lists_known_ones():
                                    f"(did you mean 'sm_89'?); allowed: {known}")
 
 
-def test_message_no_arch_can_implement_points_at_head_dim():
+def test_message_no_arch_can_implement_points_at_head_dim(monkeypatch):
+    # Every legal head dim has a family now (test_every_legal_head_dim_has_a_family); narrow the
+    # sm80 forward to 128 so that 136 has none, and the message path runs.
+    import fa_gen.families.sm80 as sm80
+
+    monkeypatch.setattr(sm80, "FORWARD_MAX_HEAD_DIM", 128)
     head_dim = _head_dim_no_arch_implements()
     message = error_message(f"name: foo\ndtype: bf16\nmask: causal\nhead_dim: {head_dim}\n")
     assert message.startswith(f"specs/foo.yaml:4: head_dim: {head_dim} is not supported on any arch: ")
@@ -487,6 +492,10 @@ def test_message_no_arch_can_implement_points_at_head_dim():
     for arch in archs_mod.ARCHS:
         quoted = archs_mod.why_not(spec, arch) if arch in served else [arch]
         assert all(reason in message for reason in quoted), (arch, message)
+
+
+def test_every_legal_head_dim_has_a_family():
+    assert all(archs_mod.supported_archs(_bf16_spec(d)) for d in range(8, 257, 8))
 
 
 def _bf16_spec(head_dim: int) -> Spec:

@@ -8,7 +8,7 @@ import torch
 
 from .. import autograd
 from ..autograd import _inputs_as_lists, _refuse_gradients, attention_forward, differentiable_input_names
-from ..autograd import returns_lse, spec_from_key
+from ..autograd import refuse_missing_backward, returns_lse, spec_from_key
 from ..spec import Spec
 
 
@@ -37,5 +37,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
         wanted = [d.name for d, t in zip(decls, tensors) if t.requires_grad]
         if wanted:
             _refuse_gradients(declared, wanted, differentiable_input_names(key))
+    refuse_missing_backward(key, "backward", q, k, v)
     out, lse = attention_forward(q, k, v, key, bool(deterministic), tensors, scalars)
     return (out, lse) if returns_lse(key) else out

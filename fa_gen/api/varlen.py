@@ -7,7 +7,7 @@ import os
 import torch
 
 from .. import autograd
-from ..autograd import _inputs_as_lists, spec_from_key
+from ..autograd import _inputs_as_lists, refuse_missing_backward, spec_from_key
 from ..errors import UnsupportedError
 from ..spec import Spec
 from ..varlen import attention_varlen_forward
@@ -32,6 +32,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         raise UnsupportedError(f"gradient of spec {declared.name!r}'s tensor inputs in attention_varlen", [
             "the varlen backward gives dq, dk and dv only; detach the input (or pass it with requires_grad=False)"])
+    refuse_missing_backward(key, "backward_varlen", q, k, v)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     out, lse = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),

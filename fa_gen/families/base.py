@@ -20,6 +20,10 @@ class Family:
     # Whether the templates implement mask / score-mod / sink expressions (fa_gen/variant).
     supports_expressions: bool = False
 
+    def served_head_dims(self) -> str:
+        """The (qk, v) head dims this family's forward and backward take, in words (`fa-gen list`)."""
+        return ""
+
     def kernel_files(self, spec: Spec | None = None) -> dict[str, tuple[str, str]]:
         """Every kernel kind this family renders (for `spec`, when given): kind -> (template,
         rendered filename); an extra kind that `kind_reasons` refuses for `spec` is left out."""
@@ -66,11 +70,17 @@ class Family:
 
 
 def dtype_and_head_dim_reasons(spec: Spec, dtypes, head_dims) -> list[str]:
-    """Reasons `spec`'s dtype or (qk, v) head dims are outside what a family's kernels take."""
+    """Reasons `spec`'s dtype or (qk, v) head dims are outside what a family's kernels take
+    (`head_dims` None: the family checks head dims by its own rule)."""
     reasons = []
     if spec.dtype not in dtypes:
         reasons.append(f"dtype {spec.dtype.value} is not supported ({', '.join(d.value for d in dtypes)})")
-    if (spec.head_dim_qk, spec.head_dim_v) not in head_dims:
+    if head_dims is not None and (spec.head_dim_qk, spec.head_dim_v) not in head_dims:
         allowed = ", ".join(f"{q}" if q == v else f"(qk {q}, v {v})" for q, v in head_dims)
         reasons.append(f"head_dim (qk {spec.head_dim_qk}, v {spec.head_dim_v}) is not supported ({allowed})")
     return reasons
+
+
+def head_dims_text(pairs) -> str:
+    """(qk, v) pairs as `fa-gen list` shows them: 128, or 192/128 where qk and v differ."""
+    return ", ".join(f"{q}" if q == v else f"{q}/{v}" for q, v in pairs)

@@ -82,6 +82,9 @@ class Sm75Family(Family):
     forward_filename = "forward.cu"
     tuning_params = ("tile_m", "tile_n", "num_warps")
 
+    def served_head_dims(self) -> str:
+        return f"forward: {', '.join(map(str, HEAD_DIMS))} (qk = v); no backward"
+
     def can_implement(self, spec: Spec, arch: str) -> list[str]:
         if arch in LATER_ARCHS and _served_by_another(self, spec, arch):
             # The source is the one for Turing: what it implements there, it implements here.

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 from ..arch_table import arch_info
 from ..spec import DType, Spec
-from .base import Family, dtype_and_head_dim_reasons
-from .warp_tiles import smem_atom_cols, tile_reasons
+from .base import Family, dtype_and_head_dim_reasons, head_dims_text
+from .warp_tiles import padded_head_dim, smem_atom_cols, tile_reasons
 from .expressions import backward_expression_context, expression_context
 from ..variant.tree import names_used
 
@@ -41,7 +41,10 @@ INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": 
 # Backward kinds: the fixed-length one (in generated/) and the varlen one (rendered on demand).
 BACKWARD_KINDS = ("backward", "backward_varlen")
 
+# (qk, v) head dims the backward serves (and the forward's measured ones); the forward takes every
+# pair of multiples of 8 from 8 to 256 (padded_head_dim: columns up to whole swizzle atoms).
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
+FORWARD_HEAD_DIM_STEP, FORWARD_MAX_HEAD_DIM = 8, 256
 
 # Registers per SM on every arch this family serves, and what one thread may hold.
 _REGS_PER_SM = 64 * 1024
@@ -86,14 +89,14 @@ def tile_config(spec: Spec, arch: str) -> TileConfig:
     earlier, larger tile (more reuse of each K/V tile loaded).
     """
     smem = arch_info(arch).max_smem_per_block
-    dqk, dv = spec.head_dim_qk, spec.head_dim_v
+    dqk, dv = padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)
     override = spec.tuning_for(Sm80Family.name)
     if override:
         default = TileConfig(128, 64, 4 if max(dqk, dv) <= 128 else 8, 2)
         return replace(default, **override)
     best, best_warps = None, 0
     for cfg in _candidates(dqk, dv, causal_like=_causal_like(spec)):
-        if cfg.smem_bytes(dqk, dv) > smem:
+        if cfg.smem_bytes(dqk, dv) > smem or _tile_reasons(cfg, spec, arch):
             continue
         warps = cfg.blocks_per_sm(dqk, dv, smem) * cfg.num_warps
         if warps > best_warps:
@@ -137,6 +140,8 @@ class Sm80Family(Family):
         packable = gqa_packable(spec)
         kinds = {kind: (self.forward_template, f"{kind}.py") for kind, call in INFERENCE_KINDS.items()
                  if call.pack == 1 or packable}
+        if self.kind_reasons(spec, "backward_varlen"):
+            return kinds
         return {**kinds, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
@@ -148,7 +153,8 @@ class Sm80Family(Family):
                 smem = arch_info(arch).max_smem_per_block
                 context["tile"] = asdict(cfg)
                 # What the split count aims to fill (fa_gen.inference.num_splits_for).
-                context["ctas_per_sm"] = cfg.blocks_per_sm(spec.head_dim_qk, spec.head_dim_v, smem,
+                context["ctas_per_sm"] = cfg.blocks_per_sm(padded_head_dim(spec.head_dim_qk),
+                                                           padded_head_dim(spec.head_dim_v), smem,
                                                            _SPLIT_REGS_PER_THREAD)
             return context
         if kind not in BACKWARD_KINDS:
@@ -170,11 +176,23 @@ class Sm80Family(Family):
         return cfg.tile_m, cfg.tile_n
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
-        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), HEAD_DIMS)
+        dims = _head_dim_reasons(spec)
+        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), None) + dims
         # Tile checks only mean something for a head dim the kernel takes.
-        if (spec.head_dim_qk, spec.head_dim_v) in HEAD_DIMS and spec.tuning_for(self.name):
+        if not dims and spec.tuning_for(self.name):
             reasons.extend(_tile_reasons(tile_config(spec, arch), spec, arch))
         return reasons
+
+    def served_head_dims(self) -> str:
+        return (f"forward: qk and v each a multiple of {FORWARD_HEAD_DIM_STEP} up to {FORWARD_MAX_HEAD_DIM}; "
+                f"backward: {head_dims_text(HEAD_DIMS)}")
+
+    def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
+        if kind in BACKWARD_KINDS and (spec.head_dim_qk, spec.head_dim_v) not in HEAD_DIMS:
+            allowed = ", ".join(f"{q}" if q == v else f"(qk {q}, v {v})" for q, v in HEAD_DIMS)
+            return [f"the backward takes head dims {allowed}; (qk {spec.head_dim_qk}, v {spec.head_dim_v}) "
+                    "runs forward only"]
+        return []
 
     def render_context(self, spec: Spec, arch: str) -> dict:
         cfg = tile_config(spec, arch)
@@ -184,10 +202,13 @@ class Sm80Family(Family):
             "tile": asdict(cfg),
             "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
             "softmax_scale_log2": spec.softmax_scale_log2,
-            # Swizzle atoms span 64 columns (128 B) where the head dim allows, else 32 (64 B):
-            # 96 is the only supported head dim that 64 does not divide.
-            "smem_atom_cols_qk": smem_atom_cols(spec.head_dim_qk),
-            "smem_atom_cols_v": smem_atom_cols(spec.head_dim_v),
+            # Swizzle atoms span 64 columns (128 B) where both (padded) head dims allow, else 32
+            # (64 B): K and V tiles then share one thread-to-row copy mapping (paged loads need it).
+            "smem_atom_cols_qk": _atom_cols(spec),
+            "smem_atom_cols_v": _atom_cols(spec),
+            # Shared-memory / MMA head dims: the spec's, rounded up to whole atoms where needed.
+            "head_dim_qk_pad": padded_head_dim(spec.head_dim_qk),
+            "head_dim_v_pad": padded_head_dim(spec.head_dim_v),
             # Causal-like masks: later query tiles see more keys, so launch them first.
             "reverse_m_blocks": _causal_like(spec),
             # None unless the spec has expressions (then: their emitted code and extra arguments).
@@ -212,6 +233,20 @@ def split_tile_config(spec: Spec, arch: str) -> TileConfig:
         if not _tile_reasons(cfg, spec, arch):
             return cfg
     return tile_config(spec, arch)
+
+
+def _atom_cols(spec: Spec) -> int:
+    return min(smem_atom_cols(padded_head_dim(spec.head_dim_qk)), smem_atom_cols(padded_head_dim(spec.head_dim_v)))
+
+
+def _head_dim_reasons(spec: Spec) -> list[str]:
+    """The forward's head dims: qk and v each a multiple of FORWARD_HEAD_DIM_STEP up to
+    FORWARD_MAX_HEAD_DIM (16-byte rows for cp.async; padded to whole atoms in shared memory)."""
+    dims = (spec.head_dim_qk, spec.head_dim_v)
+    if all(d % FORWARD_HEAD_DIM_STEP == 0 and 0 < d <= FORWARD_MAX_HEAD_DIM for d in dims):
+        return []
+    return [f"head_dim (qk {dims[0]}, v {dims[1]}) is not supported (qk and v each a multiple of "
+            f"{FORWARD_HEAD_DIM_STEP} from {FORWARD_HEAD_DIM_STEP} to {FORWARD_MAX_HEAD_DIM})"]
 
 
 def gqa_packable(spec: Spec) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ..arch_table import arch_info
 from ..spec import DType, Spec
-from .base import Family, dtype_and_head_dim_reasons
+from .base import Family, dtype_and_head_dim_reasons, head_dims_text
 from . import sm90_backward
 from .expressions import expression_context
 
@@ -177,6 +177,10 @@ class Sm90Family(Family):
         if kind == SHORT_KIND:
             return self._tile_context(spec, arch, _SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].tile)
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
+
+    def served_head_dims(self) -> str:
+        return (f"forward: {head_dims_text(HEAD_DIMS)}; backward: {head_dims_text(sm90_backward.served_pairs())} "
+                "(others fall to the sm80 family)")
 
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
         if kind == VARLEN_KIND:

@@ -152,6 +152,11 @@ def _tile_reasons(cfg: BackwardTileConfig, dims: tuple[int, int], arch: str) -> 
     return reasons
 
 
+def served_pairs() -> tuple[tuple[int, int], ...]:
+    """The (qk, v) head dims the Hopper backward serves."""
+    return tuple(_TILES)
+
+
 def backward_reasons(spec: Spec, arch: str) -> list[str]:
     """Why this template cannot serve `spec`'s backward on `arch`; empty when it can."""
     dims = (spec.head_dim_qk, spec.head_dim_v)

@@ -8,6 +8,12 @@ from ..arch_table import arch_info
 from ..spec import Spec
 
 
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim as shared memory and the MMAs hold it: rounded up to whole 32-column swizzle
+    atoms (the tensors' own columns past the head dim are zero-filled, never read or written)."""
+    return -(-head_dim // 32) * 32
+
+
 def smem_atom_cols(head_dim: int) -> int:
     """Columns of one swizzle atom: a 128-byte row where the head dim allows, else 64 bytes."""
     return 64 if head_dim % 64 == 0 else 32
@@ -17,7 +23,8 @@ def tile_reasons(cfg, spec: Spec, arch: str, max_accumulators: int) -> list[str]
     """Why `cfg` (tile_m, tile_n, num_warps, smem_bytes()) cannot serve `spec` on `arch`."""
     reasons = []
     threads = cfg.num_warps * 32
-    for head_dim in sorted({spec.head_dim_qk, spec.head_dim_v}):
+    dqk, dv = padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)
+    for head_dim in sorted({dqk, dv}):
         copy_rows = threads // (smem_atom_cols(head_dim) // 8)
         if cfg.tile_m % copy_rows or cfg.tile_n % copy_rows:
             reasons.append(f"tuning: tile_m and tile_n must be multiples of {copy_rows} "
@@ -26,12 +33,12 @@ def tile_reasons(cfg, spec: Spec, arch: str, max_accumulators: int) -> list[str]
         reasons.append(f"tuning: tile_m {cfg.tile_m} must be a multiple of 16 x num_warps ({16 * cfg.num_warps})")
     if cfg.tile_n % 16:
         reasons.append(f"tuning: tile_n {cfg.tile_n} must be a multiple of 16")
-    accumulators = cfg.tile_m * (cfg.tile_n + spec.head_dim_v) // threads
+    accumulators = cfg.tile_m * (cfg.tile_n + dv) // threads
     if accumulators > max_accumulators:
         reasons.append(f"tuning: {accumulators} fp32 accumulators per thread (S and O) would spill; "
                        f"at most {max_accumulators} (fewer rows or columns, or more warps)")
     smem = arch_info(arch).max_smem_per_block
-    needed = cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v)
+    needed = cfg.smem_bytes(dqk, dv)
     if needed > smem:
         reasons.append(f"tuning: tiles need {needed} bytes of shared memory; {arch} has {smem}")
     return reasons
