@@ -19,6 +19,7 @@ import torch
 
 from .backward_plan import BackwardPlan, make_backward_plan
 from .errors import InputError
+from .families.warp_tiles import padded_head_dim
 from .plan import memoised_plan
 from .runtime import CompiledKernel, _check_shapes, _check_strides, current_arch, load_target, resolve_spec
 from .spec import Spec
@@ -51,7 +52,7 @@ class Backward(CompiledKernel):
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         if q.numel() == 0 or k.numel() == 0:
             return dq.zero_(), dk.zero_(), dv.zero_()
-        workspace = _workspace(q, self.spec.head_dim_qk)
+        workspace = _workspace(q, padded_head_dim(self.spec.head_dim_qk))
         self._function(q, k, v, out, dout, lse, dq, dk, dv, *workspace, int(bool(deterministic)), *extra)
         return dq, dk, dv
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .errors import InputError
+from .families.warp_tiles import padded_head_dim
 from .inference import _check_tensor, _check_varlen, _varlen_extra_arguments
 from .runtime import current_arch, load_target
 from .spec import Spec
@@ -46,7 +47,7 @@ def backward_varlen(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
     used = seqused_k if seqused_k is not None else cu_seqlens_k
     sequences = (cu_seqlens_q, cu_seqlens_k, used, int(seqused_k is not None), max(int(max_seqlen_q), 1),
                  max(int(max_seqlen_k), 1))
-    function(q, k, v, out, dout, lse, dq, dk, dv, *_workspace(q, batch, spec.head_dim_qk), int(bool(deterministic)),
+    function(q, k, v, out, dout, lse, dq, dk, dv, *_workspace(q, batch, padded_head_dim(spec.head_dim_qk)), int(bool(deterministic)),
              *sequences, *extra)
     return dq, dk, dv
 

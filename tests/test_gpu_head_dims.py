@@ -4,7 +4,7 @@ shared memory rounded up to whole swizzle atoms (fa_gen.families.warp_tiles.padd
 Run on a GPU machine:  python -m pytest -m gpu tests/test_gpu_head_dims.py
 Fixed-length (fa_gen.attention, prefill and decode), varlen (split kinds, GQA packed or not) and
 paged KV-cache calls, every sequence against the float64 reference of that sequence alone; the
-backward of a forward-only pair is refused at the forward call, before any kernel runs.
+backward (fixed-length and varlen) against float64 autograd.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ pytestmark = [
 # the smallest (8), pairs whose qk and v pad differently (72/136, 256/200, 40/72) and qk < v.
 PAIRS = ((8, 8), (32, 32), (40, 40), (80, 80), (160, 160), (224, 224), (72, 136), (256, 200), (40, 72), (64, 128))
 MASKS = ("none", "causal", {"kind": "sliding_window", "left": 90, "right": 3})
-KINDS = ("forward", "forward_split", "forward_split_pack4", "forward_varlen_split", "forward_varlen_split_pack4",
+KINDS = ("forward", "backward", "backward_varlen", "forward_split", "forward_split_pack4", "forward_varlen_split", "forward_varlen_split_pack4",
          "forward_varlen_split_paged", "forward_varlen_split_paged_pack4")
 
 
@@ -51,7 +51,7 @@ def _build(spec, arch, kind):
     from fa_gen.target import resolve_target
     from fa_gen.runtime import load_target
 
-    if kind == "forward":
+    if not kind.startswith("forward_"):
         load_target(resolve_target(spec, arch, kind))
     else:
         inference_kernel(spec, arch, kind)
@@ -165,11 +165,54 @@ def test_paged_decode_with_append(arch, index, page_size):
         assert result.ok, f"{spec.name} page {page_size} sequence {b} ({n} cached): {result}"
 
 
-def test_backward_of_a_forward_only_pair_is_refused_at_the_call(arch):
-    spec = SPECS[3]  # 80/80: the forward serves it, no backward does yet
-    q, k, v = (torch.randn(1, 64, 2, 80, device="cuda", dtype=_dtype(spec), requires_grad=True) for _ in range(3))
-    with pytest.raises(UnsupportedError, match="forward only"):
-        fa_gen.attention(q, k, v, spec)
-    with torch.no_grad():
-        out, _ = fa_gen.attention(q, k, v, spec)
-    assert compare(spec, q.detach(), k.detach(), v.detach(), out, _).ok
+GRADS = ("dq", "dk", "dv")
+
+
+@settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_backward_matches_reference(arch, data, seed):
+    """fa_gen.attention then autograd: dq, dk, dv within twice the error of PyTorch autograd at
+    the input dtype, plus two roundings (tests/test_gpu_backward.py's rule), for the padded pairs."""
+    from fa_gen.reference import attention_reference, attention_same_precision
+    from tests.test_gpu_backward import _autograd, _max_abs, _rounding_floor
+
+    spec = data.draw(st.sampled_from(SPECS), label="spec")
+    batch = data.draw(st.integers(1, 2), label="batch")
+    seqlen_q, seqlen_k = data.draw(st.integers(1, 400), label="seqlen_q"), data.draw(st.integers(1, 400), label="seqlen_k")
+    group = data.draw(st.sampled_from((1, 3)), label="group")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = _draw(g, spec, batch, seqlen_q, 2 * group, spec.head_dim_qk)
+    k = _draw(g, spec, batch, seqlen_k, 2, spec.head_dim_qk)
+    v = _draw(g, spec, batch, seqlen_k, 2, spec.head_dim_v)
+    dout = _draw(g, spec, batch, seqlen_q, 2 * group, spec.head_dim_v)
+    got = _autograd(lambda *t: fa_gen.attention(*t, spec=spec)[0], (q, k, v), dout)
+    ref = _autograd(lambda *t: attention_reference(*t, spec)[0], (q.double(), k.double(), v.double()), dout.double())
+    same = _autograd(lambda *t: attention_same_precision(*t, spec), (q, k, v), dout)
+    for name, x, r, pt in zip(GRADS, got, ref, same):
+        tol = 2 * _max_abs(pt.double() - r) + _rounding_floor(r, q.dtype)
+        err = _max_abs(x.double() - r)
+        assert torch.isfinite(x).all() and err <= tol, f"{spec.name} {name}: {err:.2e} > {tol:.2e} " \
+            f"(b{batch} sq{seqlen_q} sk{seqlen_k} group {group})"
+
+
+def test_varlen_backward_per_sequence(arch):
+    """attention_varlen then autograd on a packed batch of three sequences (one empty), each
+    sequence's dq, dk, dv judged by test_gpu_varlen_backward's rule against its own reference."""
+    from tests.test_gpu_varlen_backward import _sequence_failures
+
+    lengths = [(37, 120), (0, 5), (200, 90)]
+    for spec in SPECS:
+        g = torch.Generator(device="cuda").manual_seed(11)
+        total_q, total_k = sum(a for a, _ in lengths), sum(b for _, b in lengths)
+        q = _draw(g, spec, total_q, 4, spec.head_dim_qk).requires_grad_()
+        k = _draw(g, spec, total_k, 2, spec.head_dim_qk).requires_grad_()
+        v = _draw(g, spec, total_k, 2, spec.head_dim_v).requires_grad_()
+        dout = _draw(g, spec, total_q, 4, spec.head_dim_v)
+        cu_q = torch.tensor([0, 37, 37, 237], dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0, 120, 125, 215], dtype=torch.int32, device="cuda")
+        out, _ = fa_gen.attention_varlen(q, k, v, cu_q, cu_k, 200, 120, spec)
+        out.backward(dout)
+        data = (q.detach(), k.detach(), v.detach(), dout, cu_q, cu_k, None)
+        failures = _sequence_failures(spec, data, (q.grad, k.grad, v.grad), lengths, [0] * len(lengths))
+        assert not failures, f"{spec.name}: " + "; ".join(failures)

@@ -1,6 +1,7 @@
-"""L0 (CPU): head dims off the measured set. The sm80 family's forward kinds take any (qk, v) of
-multiples of 8 up to 256, padded to whole swizzle atoms in shared memory; their backward stays
-on the measured pairs and says so. The GPU suite is test_gpu_head_dims.py."""
+"""L0 (CPU): head dims off the measured set. The sm80 family's forward kinds and its backward take
+any (qk, v) of multiples of 8 up to 256, padded to whole swizzle atoms in shared memory; a
+gradient through a spec no family differentiates on the GPU is refused at the forward call.
+The GPU suite is test_gpu_head_dims.py."""
 
 from __future__ import annotations
 
@@ -56,12 +57,23 @@ def test_tiles_count_the_padded_columns():
 
 
 @pytest.mark.parametrize("kind", ["backward", "backward_varlen"])
-def test_the_backward_of_a_forward_only_pair_says_so(kind):
-    with pytest.raises(UnsupportedError, match=r"\(qk 80, v 80\) runs forward only"):
-        resolve_target(_spec(80, 80), "sm_90a", kind)
-    with pytest.raises(UnsupportedError, match="forward only"):
-        resolve_target(_spec(64, 128), "sm_80", kind)
-    assert resolve_target(_spec(192, 128), "sm_80", kind).family.name == "sm80"
+@pytest.mark.parametrize("qk,v", [(80, 80), (40, 72), (256, 200), (8, 8)])
+def test_the_backward_serves_the_padded_pairs(kind, qk, v):
+    from fa_gen.families.sm80 import backward_tile_config
+
+    target = resolve_target(_spec(qk, v), "sm_90a", kind)
+    assert target.family.name == "sm80"
+    text = render_target(target).text
+    assert f"\nCOLS_QK = {qk}\n" in text and f"\nCOLS_V = {v}\n" in text
+    # Tiles of the padded dims: 80 backs onto the 96 tiles.
+    assert backward_tile_config(_spec(80, 80), "sm_80") == backward_tile_config(_spec(96, 96), "sm_80")
+
+
+def test_a_gradient_no_family_gives_is_refused_before_the_kernel():
+    from fa_gen.autograd import _backward_target
+
+    with pytest.raises(UnsupportedError, match="backward"):
+        _backward_target(_spec(64, 64, dtype="fp16").canonical, "sm_75", "backward")
 
 
 def test_a_head_dim_off_the_grid_is_refused():
@@ -74,7 +86,8 @@ def test_padded_kinds_compile(tmp_path, monkeypatch, arch):
     from fa_gen.backends.cute_dsl import compile_to_object
 
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
-    cases = [(_spec(40, 72, "causal", "fp16"), "forward_varlen_split_paged_pack4"), (_spec(80, 80), "forward")]
+    cases = [(_spec(40, 72, "causal", "fp16"), "forward_varlen_split_paged_pack4"), (_spec(80, 80), "forward"),
+             (_spec(80, 80), "backward"), (_spec(40, 72, "causal", "fp16"), "backward_varlen")]
     for i, (spec, kind) in enumerate(cases):
         path = tmp_path / f"k{i}.o"
         compile_to_object(render_target(resolve_target(spec, arch, kind)).text, arch, path, label=spec.name)
@@ -83,4 +96,4 @@ def test_padded_kinds_compile(tmp_path, monkeypatch, arch):
 
 def test_fa_gen_list_says_what_each_family_serves():
     out = subprocess.run([sys.executable, "-m", "fa_gen.cli", "list"], capture_output=True, text=True, check=True).stdout
-    assert "sm80" in out and "multiple of 8 up to 256" in out and "backward: 64, 96, 128" in out
+    assert "sm80" in out and "forward and backward: qk and v each a multiple of 8 up to 256" in out

@@ -41,8 +41,8 @@ INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": 
 # Backward kinds: the fixed-length one (in generated/) and the varlen one (rendered on demand).
 BACKWARD_KINDS = ("backward", "backward_varlen")
 
-# (qk, v) head dims the backward serves (and the forward's measured ones); the forward takes every
-# pair of multiples of 8 from 8 to 256 (padded_head_dim: columns up to whole swizzle atoms).
+# The (qk, v) head dims whose tiles were measured. The forward and the backward take every pair
+# of multiples of 8 from 8 to 256 (padded_head_dim: columns up to whole swizzle atoms).
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
 FORWARD_HEAD_DIM_STEP, FORWARD_MAX_HEAD_DIM = 8, 256
 
@@ -140,8 +140,6 @@ class Sm80Family(Family):
         packable = gqa_packable(spec)
         kinds = {kind: (self.forward_template, f"{kind}.py") for kind, call in INFERENCE_KINDS.items()
                  if call.pack == 1 or packable}
-        if self.kind_reasons(spec, "backward_varlen"):
-            return kinds
         return {**kinds, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
@@ -184,15 +182,8 @@ class Sm80Family(Family):
         return reasons
 
     def served_head_dims(self) -> str:
-        return (f"forward: qk and v each a multiple of {FORWARD_HEAD_DIM_STEP} up to {FORWARD_MAX_HEAD_DIM}; "
-                f"backward: {head_dims_text(HEAD_DIMS)}")
-
-    def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
-        if kind in BACKWARD_KINDS and (spec.head_dim_qk, spec.head_dim_v) not in HEAD_DIMS:
-            allowed = ", ".join(f"{q}" if q == v else f"(qk {q}, v {v})" for q, v in HEAD_DIMS)
-            return [f"the backward takes head dims {allowed}; (qk {spec.head_dim_qk}, v {spec.head_dim_v}) "
-                    "runs forward only"]
-        return []
+        return (f"forward and backward: qk and v each a multiple of {FORWARD_HEAD_DIM_STEP} up to "
+                f"{FORWARD_MAX_HEAD_DIM} (tiles measured at {head_dims_text(HEAD_DIMS)})")
 
     def render_context(self, spec: Spec, arch: str) -> dict:
         cfg = tile_config(spec, arch)
@@ -329,19 +320,23 @@ def _backward_candidates(head_dim: int) -> list[BackwardTileConfig]:
     dQ before dK was 0.5-2% faster (its atomics drain under the dK product); at 128, 3-12% slower.
     """
     if head_dim <= 64:
-        return [_bwd(128, 128, 8, 2, 2, 4, 4, dq_first=True), _bwd(64, 128, 8, 2, 2, 4, 4)]
-    if head_dim <= 96:
-        return [_bwd(64, 128, 8, 2, 2, 4, 4), _bwd(64, 64, 8, 2, 2, 4, 4)]
-    if head_dim <= 128:
-        return [_bwd(64, 128, 8, 2, 2, 4, 2), _bwd(64, 64, 8, 1, 2, 4, 2)]
-    if head_dim <= 192:
-        return [_bwd(64, 64, 8, 2, 4, 2, 4), _bwd(64, 64, 8, 1, 4, 2, 4), _bwd(32, 64, 8, 1, 2, 4, 2)]
-    return [_bwd(64, 64, 8, 2, 4, 2, 4), _bwd(64, 64, 8, 1, 4, 2, 4), _bwd(32, 32, 4, 1, 2, 2, 2)]
+        tiers = [_bwd(128, 128, 8, 2, 2, 4, 4, dq_first=True), _bwd(64, 128, 8, 2, 2, 4, 4)]
+    elif head_dim <= 96:
+        tiers = [_bwd(64, 128, 8, 2, 2, 4, 4), _bwd(64, 64, 8, 2, 2, 4, 4)]
+    elif head_dim <= 128:
+        tiers = [_bwd(64, 128, 8, 2, 2, 4, 2), _bwd(64, 64, 8, 1, 2, 4, 2)]
+    elif head_dim <= 192:
+        tiers = [_bwd(64, 64, 8, 2, 4, 2, 4), _bwd(64, 64, 8, 1, 4, 2, 4), _bwd(32, 64, 8, 1, 2, 4, 2)]
+    else:
+        tiers = [_bwd(64, 64, 8, 2, 4, 2, 4), _bwd(64, 64, 8, 1, 4, 2, 4)]
+    # Unmeasured (qk, v) pairs whose padded columns do not tile over those warp grids (96 / 160:
+    # 96 is no multiple of 64 columns over 4 warps): warp grids of two columns, every multiple of 32.
+    return tiers + [_bwd(64, 64, 8, 1, 2, 4, 4), _bwd(32, 32, 4, 1, 2, 2, 2)]
 
 
 def backward_tile_config(spec: Spec, arch: str) -> BackwardTileConfig:
     """The first backward candidate that the template can use on `arch`."""
-    dqk, dv = spec.head_dim_qk, spec.head_dim_v
+    dqk, dv = padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)
     for cfg in _backward_candidates(max(dqk, dv)):
         if not _backward_tile_reasons(cfg, spec, arch):
             return cfg
@@ -352,7 +347,7 @@ def backward_tile_config(spec: Spec, arch: str) -> BackwardTileConfig:
 def _backward_tile_reasons(cfg: BackwardTileConfig, spec: Spec, arch: str) -> list[str]:
     """What the backward template relies on: every MMA tiling whole, whole copy passes, and
     the tiles fitting shared memory. Empty when `cfg` is usable."""
-    dqk, dv = spec.head_dim_qk, spec.head_dim_v
+    dqk, dv = padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)
     reasons = []
     # (what, rows, cols, warps along rows): each tiled MMA covers 16 rows and 16 columns per warp.
     mmas = [("S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m), ("dK", cfg.tile_n, dqk, cfg.dkv_warps_n),
