@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 import fa_gen
 from fa_gen.check import compare
-from fa_gen.errors import UnsupportedError
+from fa_gen.reference import attention_reference, attention_same_precision
 from fa_gen.spec_load import load_spec
+from tests.test_gpu_backward import _autograd, _max_abs, _rounding_floor
 
 pytestmark = [
     pytest.mark.gpu,
@@ -174,9 +175,6 @@ GRADS = ("dq", "dk", "dv")
 def test_backward_matches_reference(arch, data, seed):
     """fa_gen.attention then autograd: dq, dk, dv within twice the error of PyTorch autograd at
     the input dtype, plus two roundings (tests/test_gpu_backward.py's rule), for the padded pairs."""
-    from fa_gen.reference import attention_reference, attention_same_precision
-    from tests.test_gpu_backward import _autograd, _max_abs, _rounding_floor
-
     spec = data.draw(st.sampled_from(SPECS), label="spec")
     batch = data.draw(st.integers(1, 2), label="batch")
     seqlen_q, seqlen_k = data.draw(st.integers(1, 400), label="seqlen_q"), data.draw(st.integers(1, 400), label="seqlen_k")
