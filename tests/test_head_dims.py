@@ -1,7 +1,7 @@
-"""L0 (CPU): head dims off the measured set. The sm80 family's forward kinds and its backward take
-any (qk, v) of multiples of 8 up to 256, padded to whole swizzle atoms in shared memory; a
-gradient through a spec no family differentiates on the GPU is refused at the forward call.
-The GPU suite is test_gpu_head_dims.py."""
+"""L0 (CPU): head dims off the measured set. The sm90 forward, the sm80 forward kinds and the sm80
+backward take any (qk, v) of multiples of 8 up to 256, padded to whole swizzle atoms in shared
+memory; a gradient through a spec no family differentiates on the GPU is refused at the
+forward call. The GPU suite is test_gpu_head_dims.py."""
 
 from __future__ import annotations
 
@@ -34,14 +34,16 @@ def test_padding_rounds_up_to_whole_atoms(dim, padded):
 def test_the_forward_serves_every_multiple_of_8(arch, qk, v):
     spec = _spec(qk, v)
     target = resolve_target(spec, arch, "forward")
-    assert target.family.name == "sm80"
+    assert target.family.name == ("sm90" if arch == "sm_90a" else "sm80")
     context = target.context()
     assert (context["head_dim_qk_pad"], context["head_dim_v_pad"]) == (padded_head_dim(qk), padded_head_dim(v))
     for kind in ("forward_split", "forward_varlen_split_paged", "forward_split_pack8"):
         assert resolve_target(spec, arch, kind).family.name == "sm80"
     text = render_target(target).text
     padded = (qk, v) != (padded_head_dim(qk), padded_head_dim(v))
-    assert ("\nCOLS_QK = " in text) == padded and ("copy_columns(" in text) == padded
+    assert ("\nCOLS_QK = " in text) == padded
+    # The sm80 kinds copy padded rows chunk by chunk; the sm90 one's TMA zero-fills on its own.
+    assert ("copy_columns(" in text) == (padded and target.family.name == "sm80")
 
 
 def test_the_measured_pairs_render_as_before():
@@ -52,8 +54,13 @@ def test_the_measured_pairs_render_as_before():
 
 
 def test_tiles_count_the_padded_columns():
+    from fa_gen.families import sm90
+
     # 80 pads to 96: the tile and its shared memory are the 96 ones.
     assert tile_config(_spec(80, 80), "sm_80") == tile_config(_spec(96, 96), "sm_80")
+    assert sm90.tile_config(_spec(80, 80)) == sm90.tile_config(_spec(96, 96))
+    # Off the table: the measured tiles of the next size up (qk 72 -> 96, v 136 -> 160: d192's).
+    assert sm90.tile_config(_spec(72, 136)) == sm90.tile_config(_spec(192, 192))
 
 
 @pytest.mark.parametrize("kind", ["backward", "backward_varlen"])
@@ -88,6 +95,8 @@ def test_padded_kinds_compile(tmp_path, monkeypatch, arch):
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
     cases = [(_spec(40, 72, "causal", "fp16"), "forward_varlen_split_paged_pack4"), (_spec(80, 80), "forward"),
              (_spec(80, 80), "backward"), (_spec(40, 72, "causal", "fp16"), "backward_varlen")]
+    if arch == "sm_90a":  # the Hopper forwards (TMA zero-fills the padding), fixed and varlen
+        cases += [(_spec(256, 200, "causal"), "forward"), (_spec(72, 136), "forward_varlen")]
     for i, (spec, kind) in enumerate(cases):
         path = tmp_path / f"k{i}.o"
         compile_to_object(render_target(resolve_target(spec, arch, kind)).text, arch, path, label=spec.name)

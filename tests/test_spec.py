@@ -480,10 +480,12 @@ def test_message_unknown_arch_lists_known_ones():
 
 def test_message_no_arch_can_implement_points_at_head_dim(monkeypatch):
     # Every legal head dim has a family now (test_every_legal_head_dim_has_a_family); narrow the
-    # sm80 forward to 128 so that 136 has none, and the message path runs.
+    # sm80 and sm90 forwards to 128 so that 136 has none, and the message path runs.
     import fa_gen.families.sm80 as sm80
+    import fa_gen.families.sm90 as sm90
 
     monkeypatch.setattr(sm80, "FORWARD_MAX_HEAD_DIM", 128)
+    monkeypatch.setattr(sm90, "MAX_HEAD_DIM", 128)
     head_dim = _head_dim_no_arch_implements()
     message = error_message(f"name: foo\ndtype: bf16\nmask: causal\nhead_dim: {head_dim}\n")
     assert message.startswith(f"specs/foo.yaml:4: head_dim: {head_dim} is not supported on any arch: ")

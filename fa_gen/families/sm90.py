@@ -12,10 +12,15 @@ from dataclasses import asdict, dataclass, replace
 from ..arch_table import arch_info
 from ..spec import DType, Spec
 from .base import Family, dtype_and_head_dim_reasons, head_dims_text
+from .warp_tiles import padded_head_dim
 from . import sm90_backward
 from .expressions import expression_context
 
+# The (qk, v) head dims whose tiles were measured. The forward takes every pair of multiples of 8
+# up to 256: shared memory and the wgmmas hold them rounded up to whole 32-column atoms (TMA
+# zero-fills the padding columns on load and leaves them out of the O store).
 HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128))
+HEAD_DIM_STEP, MAX_HEAD_DIM = 8, 256
 
 # Query rows one consumer warpgroup owns (the M of one wgmma instruction).
 ROWS_PER_WARPGROUP = 64
@@ -118,9 +123,24 @@ _SHORT_TILES = {
 }
 
 
+def padded_dims(spec: Spec) -> tuple[int, int]:
+    """(qk, v) as shared memory and the wgmmas hold them (fa_gen.families.warp_tiles.padded_head_dim)."""
+    return padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)
+
+
 def tile_config(spec: Spec) -> TileConfig:
-    default = _DEFAULT_TILES[(spec.head_dim_qk, spec.head_dim_v)]
+    dims = padded_dims(spec)
+    default = _DEFAULT_TILES.get(dims) or _unmeasured_tile(*dims)
     return replace(default, **spec.tuning_for(Sm90Family.name))
+
+
+def _unmeasured_tile(head_dim_qk: int, head_dim_v: int) -> TileConfig:
+    """Tiles of a (padded) pair off the table: those of the measured dims at the next size up."""
+    widest = max(head_dim_qk, head_dim_v)
+    for dims in ((64, 64), (128, 128), (192, 192), (256, 256)):
+        if widest <= dims[0]:
+            return _DEFAULT_TILES[dims]
+    raise ValueError(f"head dims ({head_dim_qk}, {head_dim_v}) exceed {MAX_HEAD_DIM}")
 
 
 def short_tiles_reasons(spec: Spec) -> list[str]:
@@ -144,6 +164,15 @@ def varlen_reasons(spec: Spec) -> list[str]:
     if spec.sink_expr is not None:
         return ["sink logits in a varlen batch: not yet (the varlen backward has none either)"]
     return []
+
+
+def _head_dim_reasons(spec: Spec) -> list[str]:
+    """qk and v each a multiple of HEAD_DIM_STEP up to MAX_HEAD_DIM (16-byte rows for TMA)."""
+    dims = (spec.head_dim_qk, spec.head_dim_v)
+    if all(d % HEAD_DIM_STEP == 0 and 0 < d <= MAX_HEAD_DIM for d in dims):
+        return []
+    return [f"head_dim (qk {dims[0]}, v {dims[1]}) is not supported (qk and v each a multiple of "
+            f"{HEAD_DIM_STEP} from {HEAD_DIM_STEP} to {MAX_HEAD_DIM})"]
 
 
 def _longest_first(spec: Spec) -> bool:
@@ -179,7 +208,8 @@ class Sm90Family(Family):
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
 
     def served_head_dims(self) -> str:
-        return (f"forward: {head_dims_text(HEAD_DIMS)}; backward: {head_dims_text(sm90_backward.served_pairs())} "
+        return (f"forward: qk and v each a multiple of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM} (tiles measured at "
+                f"{head_dims_text(HEAD_DIMS)}); backward: {head_dims_text(sm90_backward.served_pairs())} "
                 "(others fall to the sm80 family)")
 
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
@@ -195,9 +225,10 @@ class Sm90Family(Family):
         return [(_SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].max_seqlen, SHORT_KIND)]
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
-        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), HEAD_DIMS)
+        dims = _head_dim_reasons(spec)
+        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), None) + dims
         # Tile checks only mean something for a head dim the kernel takes.
-        if (spec.head_dim_qk, spec.head_dim_v) in HEAD_DIMS:
+        if not dims:
             reasons.extend(_tile_reasons(tile_config(spec), spec, arch))
         return reasons
 
@@ -206,8 +237,12 @@ class Sm90Family(Family):
         return cfg.tile_m, cfg.tile_n
 
     def render_context(self, spec: Spec, arch: str) -> dict:
+        dqk, dv = padded_dims(spec)
         return {
             **self._tile_context(spec, arch, tile_config(spec)),
+            # Shared-memory / wgmma head dims: the spec's, rounded up to whole atoms where needed.
+            "head_dim_qk_pad": dqk,
+            "head_dim_v_pad": dv,
             "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
             "softmax_scale_log2": spec.softmax_scale_log2,
             "num_sms": NUM_SMS,
@@ -224,14 +259,15 @@ class Sm90Family(Family):
         assert not problems, problems  # can_implement refuses these first
         smem = arch_info(arch).max_smem_per_block
         consumer_regs, producer_regs = REGISTER_SPLIT[cfg.num_consumer_warpgroups]
+        dqk, dv = padded_dims(spec)
         return {
             "tile": asdict(cfg),
             "pingpong": cfg.pingpong_on,
             "num_consumer_warpgroups": cfg.num_consumer_warpgroups,
             "consumer_registers": consumer_regs,
             "producer_registers": producer_regs,
-            "o_shares_q": cfg.o_shares_q(spec.head_dim_qk, spec.head_dim_v, smem),
-            "smem_bytes": cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v, smem),
+            "o_shares_q": cfg.o_shares_q(dqk, dv, smem),
+            "smem_bytes": cfg.smem_bytes(dqk, dv, smem),
             "l2_kv_bytes": cfg.l2_kv_mb * 1024 * 1024,
         }
 
@@ -252,13 +288,14 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
     if cfg.persist_l2_groups not in (1, 2):
         reasons.append(f"tuning: persist_l2_groups {cfg.persist_l2_groups} must be 1 (off) or 2 (on)")
     # Per consumer thread: S (fp32), P (16-bit, two per register) and O (fp32) of 64 rows / 128 threads.
-    fragments = cfg.tile_n // 2 + cfg.tile_n // 4 + spec.head_dim_v // 2
+    dqk, dv = padded_dims(spec)
+    fragments = cfg.tile_n // 2 + cfg.tile_n // 4 + dv // 2
     budget = REGISTER_SPLIT[cfg.num_consumer_warpgroups][0] - _REGISTER_RESERVE
     if fragments > budget:
         reasons.append(f"tuning: S, P and O take {fragments} registers per thread; at most {budget} "
                        f"with {cfg.num_consumer_warpgroups} consumer warpgroups (smaller tile_n)")
     smem = arch_info(arch).max_smem_per_block
-    need = cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v, smem)
+    need = cfg.smem_bytes(dqk, dv, smem)
     if need > smem:
         reasons.append(f"tuning: tiles need {need} bytes of shared memory; {arch} has {smem} "
                        "(fewer stages or a smaller tile_n)")
