@@ -209,8 +209,8 @@ class Sm90Family(Family):
 
     def served_head_dims(self) -> str:
         return (f"forward: qk and v each a multiple of {HEAD_DIM_STEP} up to {MAX_HEAD_DIM} (tiles measured at "
-                f"{head_dims_text(HEAD_DIMS)}); backward: {head_dims_text(sm90_backward.served_pairs())} "
-                "(others fall to the sm80 family)")
+                f"{head_dims_text(HEAD_DIMS)}); backward: pairs that pad to "
+                f"{head_dims_text(sm90_backward.served_pairs())} (others fall to the sm80 family)")
 
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
         if kind == VARLEN_KIND:

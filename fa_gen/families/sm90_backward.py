@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from ..arch_table import arch_info
 from ..spec import Spec
 from .expressions import backward_expression_context
+from .warp_tiles import padded_head_dim
 
 # Rows of one wgmma (its M): the key rows of a narrow warpgroup, every key of a wide tile.
 ROWS_PER_WARPGROUP = 64
@@ -131,9 +132,15 @@ _TILES = {
 }
 
 
+def padded_dims(spec: Spec) -> tuple[int, int]:
+    """(qk, v) as shared memory and the wgmmas hold them: whole 32-column atoms (TMA zero-fills
+    the padding columns on load and clips them from every store)."""
+    return padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)
+
+
 def backward_tile_config(spec: Spec, arch: str) -> BackwardTileConfig | None:
-    """The first tile config of the spec's head dims that fits `arch`; None when none does."""
-    dims = (spec.head_dim_qk, spec.head_dim_v)
+    """The first tile config of the spec's (padded) head dims that fits `arch`; None when none does."""
+    dims = padded_dims(spec)
     for cfg in _TILES.get(dims, []):
         if not _tile_reasons(cfg, dims, arch):
             return cfg
@@ -159,11 +166,11 @@ def served_pairs() -> tuple[tuple[int, int], ...]:
 
 def backward_reasons(spec: Spec, arch: str) -> list[str]:
     """Why this template cannot serve `spec`'s backward on `arch`; empty when it can."""
-    dims = (spec.head_dim_qk, spec.head_dim_v)
+    dims = padded_dims(spec)
     if dims not in _TILES:
         served = ", ".join(f"{qk}/{v}" for qk, v in _TILES)
-        return [f"backward: head dims (qk {dims[0]}, v {dims[1]}) are not served by the Hopper backward "
-                f"(served qk/v: {served}); the sm80 backward serves them"]
+        return [f"backward: head dims (qk {spec.head_dim_qk}, v {spec.head_dim_v}), padded to {dims[0]}/{dims[1]}, "
+                f"are not served by the Hopper backward (served qk/v, padded: {served}); the sm80 backward serves them"]
     if backward_tile_config(spec, arch) is None:
         return _tile_reasons(_TILES[dims][-1], dims, arch)
     return []
@@ -179,7 +186,7 @@ def kind_context(spec: Spec, arch: str) -> dict:
                 "pds_stages": cfg.PdS_stages},
         "bwd_mma_registers": MMA_REGISTERS,
         "bwd_producer_registers": PRODUCER_REGISTERS,
-        "bwd_smem_bytes": cfg.smem_bytes(spec.head_dim_qk, spec.head_dim_v),
+        "bwd_smem_bytes": cfg.smem_bytes(*padded_dims(spec)),
         # Query tiles first to last unless a right window (causal) makes the key tiles' ranges
         # end together: then last to first, so that in deterministic mode the CTAs of a query
         # tile add their dQ in key-tile order after a short skew (as the sm80 backward does).
@@ -193,7 +200,7 @@ def kind_context(spec: Spec, arch: str) -> dict:
         # (2026-11-21-fcb1c34-stats-sm90-bwd.json, 2026-11-21-0c39e86-latelse-sm90-bwd.json).
         "bwd_early_lse": not cfg.lean,
         "bwd_early_dpsum": cfg.wide,
-        "bwd_prepare_lanes": _prepare_lanes(spec.head_dim_v),
+        "bwd_prepare_lanes": _prepare_lanes(padded_dims(spec)[1]),
         # Replaces the forward's: the backward's names and per-call schedule (fa_gen.backward_plan).
         "expr": backward_expression_context(spec),
     }
