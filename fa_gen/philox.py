@@ -14,14 +14,18 @@ the tests reproduce a kernel's mask bit for bit.
 
 The mask's index mapping (what a kernel must compute the same way):
     key     = (seed low 32 bits, seed high 32 bits XOR offset high 32 bits)
-    counter = (kv_idx // 4, q_idx, batch * heads_q + head, offset low 32 bits)
-    word    = output word kv_idx % 4 of that counter
+    counter = (kv_idx // 2, (q_idx // 16) * 8 + q_idx % 8, batch * heads_q + head, offset low 32 bits)
+    word    = output word 2 * ((q_idx // 8) % 2) + kv_idx % 2 of that counter
     keep    = word < threshold(p),  threshold(p) = floor((1 - p) * 2^32), at most 2^32 - 1
-so one Philox call decides four neighbouring keys of one query row, and q_idx / kv_idx are
-positions inside the sequence (varlen batches: per sequence, as masks see them).
+so one Philox call decides the 2 x 2 block of rows (r, r + 8) of a 16-row group and keys
+(2j, 2j + 1): exactly the four scores one thread holds per 16 x 8 accumulator block of mma.sync
+m16n8 (sm80) and of wgmma (sm90), whose query tiles start at multiples of 16 rows. q_idx /
+kv_idx are positions inside the sequence (varlen batches: per sequence, as masks see them).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -73,9 +77,28 @@ def dropout_keep(seed: int, offset: int, batch, head, heads_q: int, q_idx, kv_id
     docstring for the mapping."""
     tensors = torch.broadcast_tensors(*(torch.as_tensor(x, dtype=torch.int64) for x in (batch, head, q_idx, kv_idx)))
     batch, head, q_idx, kv_idx = tensors
-    counter = torch.stack([kv_idx // 4, q_idx, batch * heads_q + head, torch.full_like(q_idx, offset & MASK32)], -1)
+    row_group = (q_idx // 16) * 8 + q_idx % 8
+    counter = torch.stack([kv_idx // 2, row_group, batch * heads_q + head, torch.full_like(q_idx, offset & MASK32)], -1)
     key = torch.tensor([seed & MASK32, ((seed >> 32) ^ (offset >> 32)) & MASK32], dtype=torch.int64,
                        device=q_idx.device)
     words = philox4x32(counter, key)
-    word = torch.gather(words, -1, (kv_idx % 4).unsqueeze(-1)).squeeze(-1)
+    word = torch.gather(words, -1, (2 * ((q_idx // 8) % 2) + kv_idx % 2).unsqueeze(-1)).squeeze(-1)
     return word < keep_threshold(p)
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """One dropout draw: probability p and the generator state (seed, offset) it comes from."""
+
+    p: float
+    seed: int
+    offset: int
+
+    def scale(self, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, device=None,
+              dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """(batch, heads_q, seqlen_q, seqlen_k): keep / (1 - p), what multiplies the softmax
+        probabilities before P @ V (the LSE is the undropped one)."""
+        index = [torch.arange(n, device=device).view(*[-1 if i == axis else 1 for i in range(4)])
+                 for axis, n in enumerate((batch, heads_q, seqlen_q, seqlen_k))]
+        keep = dropout_keep(self.seed, self.offset, index[0], index[1], heads_q, index[2], index[3], self.p)
+        return keep.to(dtype) / (1.0 - self.p)

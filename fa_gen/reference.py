@@ -84,11 +84,13 @@ def _logits(scores: torch.Tensor, spec: Spec, inputs) -> tuple[torch.Tensor, tor
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec,
                         compute_dtype: torch.dtype = torch.float64, *,
-                        inputs=None) -> tuple[torch.Tensor, torch.Tensor]:
+                        inputs=None, dropout=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) for (batch, seqlen, heads, dim) inputs, computed in `compute_dtype`.
 
     out has q's layout with v's head dim, in `compute_dtype`; lse is (batch, heads_q,
     seqlen_q), natural log. Rows that see no key get out 0 and lse -inf (the sink, with one).
+    dropout: a fa_gen.philox.Dropout: the probabilities are multiplied by its keep mask / (1 - p)
+    before P @ V, bit for bit the mask a kernel regenerates; the LSE is unaffected.
     """
     heads_q = q.shape[2]
     qc = q.to(compute_dtype)
@@ -102,12 +104,14 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec:
     # exp(-inf - -inf) is NaN: rows with no visible key take probability 0 everywhere.
     safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     probs = torch.exp(scores - safe_lse.unsqueeze(-1))
+    if dropout is not None and dropout.p > 0:
+        probs = probs * dropout.scale(*probs.shape, device=probs.device, dtype=compute_dtype)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vc)
     return out, lse
 
 
 def attention_same_precision(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec, *,
-                             inputs=None) -> torch.Tensor:
+                             inputs=None, dropout=None) -> torch.Tensor:
     """What a straightforward PyTorch program computes in the inputs' own dtype.
 
     Its error against the float64 reference is the yardstick for a kernel's
@@ -126,4 +130,8 @@ def attention_same_precision(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(q.dtype)
     if sink is not None:
         probs = probs[..., :-1]
+    if dropout is not None and dropout.p > 0:
+        # The kept probabilities rescaled in float32, then rounded as P @ V's operand.
+        scale = dropout.scale(*probs.shape, device=probs.device, dtype=torch.float32)
+        probs = (probs.float() * scale).to(q.dtype)
     return torch.einsum("bhqk,bkhd->bqhd", probs, vx)

@@ -31,8 +31,11 @@ pytestmark = [
 ]
 
 # The FlashAttention-2 test suite's head dims that are multiples of 8 (32, 40, 80, 160, 224),
-# the smallest (8), pairs whose qk and v pad differently (72/136, 256/200, 40/72) and qk < v.
-PAIRS = ((8, 8), (32, 32), (40, 40), (80, 80), (160, 160), (224, 224), (72, 136), (256, 200), (40, 72), (64, 128))
+# the smallest (8), pairs whose qk and v pad differently (72/136, 256/200, 40/72), qk < v and
+# qk > v (FlashAttention-3/4's hdimv tests: 64/128 and 128/64), and 184/120, whose padded pair
+# (192/128) takes Hopper's own backward.
+PAIRS = ((8, 8), (32, 32), (40, 40), (80, 80), (160, 160), (224, 224), (72, 136), (256, 200), (40, 72), (64, 128),
+         (128, 64), (184, 120))
 MASKS = ("none", "causal", {"kind": "sliding_window", "left": 90, "right": 3})
 KINDS = ("forward", "backward", "backward_varlen", "forward_split", "forward_split_pack4", "forward_varlen_split", "forward_varlen_split_pack4",
          "forward_varlen_split_paged", "forward_varlen_split_paged_pack4")
@@ -214,3 +217,26 @@ def test_varlen_backward_per_sequence(arch):
         data = (q.detach(), k.detach(), v.detach(), dout, cu_q, cu_k, None)
         failures = _sequence_failures(spec, data, (q.grad, k.grad, v.grad), lengths, [0] * len(lengths))
         assert not failures, f"{spec.name}: " + "; ".join(failures)
+
+
+@settings(max_examples=int(os.environ.get("FA_GEN_L1_DRAWN_PAIRS", "4")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(qk=st.integers(1, 32).map(lambda i: 8 * i), v=st.integers(1, 32).map(lambda i: 8 * i),
+       causal=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_drawn_pairs_forward_and_backward(arch, qk, v, causal, seed):
+    """Pairs drawn from every multiple of 8 (compiled on the fly): forward and gradients."""
+    spec = load_spec({"name": f"hd_drawn_q{qk}_v{v}_{int(causal)}", "dtype": "bf16",
+                      "head_dim": qk if qk == v else {"qk": qk, "v": v}, "mask": "causal" if causal else "none"})
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = _draw(g, spec, 2, 97, 4, qk)
+    k = _draw(g, spec, 2, 130, 2, qk)
+    vv = _draw(g, spec, 2, 130, 2, v)
+    dout = _draw(g, spec, 2, 97, 4, v)
+    out, lse = fa_gen.attention(q, k, vv, spec)
+    assert compare(spec, q, k, vv, out, lse).ok
+    got = _autograd(lambda *t: fa_gen.attention(*t, spec=spec)[0], (q, k, vv), dout)
+    ref = _autograd(lambda *t: attention_reference(*t, spec)[0], (q.double(), k.double(), vv.double()), dout.double())
+    same = _autograd(lambda *t: attention_same_precision(*t, spec), (q, k, vv), dout)
+    for name, x, r, pt in zip(GRADS, got, ref, same):
+        tol = 2 * _max_abs(pt.double() - r) + _rounding_floor(r, q.dtype)
+        assert torch.isfinite(x).all() and _max_abs(x.double() - r) <= tol, f"{spec.name} {name}"

@@ -55,11 +55,18 @@ def test_keep_mask_mapping_and_rate():
     q = torch.arange(64).view(-1, 1)
     k = torch.arange(256).view(1, -1)
     keep = dropout_keep(seed=1234, offset=8, batch=1, head=3, heads_q=8, q_idx=q, kv_idx=k, p=0.25)
-    # Four neighbouring keys of a row share one Philox call: the mask equals the words' test.
-    words = philox4x32(torch.stack([k.expand(64, -1) // 4, q.expand(-1, 256), torch.full((64, 256), 1 * 8 + 3),
-                                    torch.full((64, 256), 8)], -1), torch.tensor([1234, 0]))
-    expected = torch.gather(words, -1, (k.expand(64, -1) % 4).unsqueeze(-1)).squeeze(-1) < keep_threshold(0.25)
-    assert torch.equal(keep, expected)
+    # One Philox call per 2 x 2 block of rows (r, r + 8) and keys (2j, 2j + 1), word by word,
+    # written out element by element here: the layout an m16n8 accumulator fragment holds.
+    key = torch.tensor([1234, 0])
+    for row in (0, 5, 8, 13, 16, 23, 40, 63):
+        for col in (0, 1, 2, 7, 100, 255):
+            counter = torch.tensor([col // 2, (row // 16) * 8 + row % 8, 1 * 8 + 3, 8])
+            word = philox4x32(counter, key)[2 * ((row // 8) % 2) + col % 2].item()
+            assert keep[row, col].item() == (word < keep_threshold(0.25)), (row, col)
+    # Rows r and r + 8 of a 16-row group, keys 2j and 2j + 1: the four words of one call.
+    block = dropout_keep(1234, 8, 1, 3, 8, torch.tensor([[16 + 3], [16 + 11]]), torch.tensor([[40, 41]]), 0.25)
+    words = philox4x32(torch.tensor([20, 8 + 3, 11, 8]), key)
+    assert torch.equal(block.flatten(), words < keep_threshold(0.25))
     # 16384 Bernoulli(0.75) draws: the kept share within 5 standard deviations of 0.75.
     assert abs(keep.double().mean().item() - 0.75) < 5 * (0.75 * 0.25 / keep.numel()) ** 0.5
     # Same state, same mask; another offset, seed or head, another mask.
@@ -76,3 +83,44 @@ def test_threshold():
     for p in (-0.1, 1.0, 1.5):
         with pytest.raises(ValueError):
             keep_threshold(p)
+
+
+def test_reference_dropout_is_the_mask_times_the_probabilities():
+    from fa_gen.philox import Dropout
+    from fa_gen.reference import attention_reference
+    from fa_gen.runtime import resolve_spec
+
+    spec = resolve_spec("causal_bf16_d128")
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 37, 4, 128, generator=g, dtype=torch.float64) for _ in range(3))
+    drop = Dropout(0.3, seed=77, offset=12)
+    out, lse = attention_reference(q, k, v, spec, dropout=drop)
+    plain_out, plain_lse = attention_reference(q, k, v, spec)
+    assert torch.equal(lse, plain_lse)  # the LSE is the undropped one
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * spec.softmax_scale
+    visible = torch.ones(37, 37, dtype=torch.bool).tril()
+    probs = torch.softmax(scores.masked_fill(~visible, -torch.inf), dim=-1)
+    index = torch.arange(37)
+    keep = dropout_keep(77, 12, torch.arange(2).view(2, 1, 1, 1), torch.arange(4).view(1, 4, 1, 1), 4,
+                        index.view(1, 1, 37, 1), index.view(1, 1, 1, 37), 0.3)
+    expected = torch.einsum("bhqk,bkhd->bqhd", probs * keep / 0.7, v)
+    assert torch.allclose(out, expected, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(out, plain_out)
+    # p = 0 is no dropout at all.
+    assert torch.equal(attention_reference(q, k, v, spec, dropout=Dropout(0.0, 77, 12))[0], plain_out)
+
+
+def test_dropout_is_unbiased_over_seeds():
+    """The mean output over 400 seeds approaches the undropped output (each kept probability is
+    rescaled by 1 / (1 - p)): within 5 standard errors of the per-seed spread, everywhere."""
+    from fa_gen.philox import Dropout
+    from fa_gen.reference import attention_reference
+    from fa_gen.runtime import resolve_spec
+
+    spec = resolve_spec("full_bf16_d128")
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 8, 2, 128, generator=g, dtype=torch.float64) for _ in range(3))
+    plain, _ = attention_reference(q, k, v, spec)
+    draws = torch.stack([attention_reference(q, k, v, spec, dropout=Dropout(0.2, seed, 0))[0] for seed in range(400)])
+    standard_error = draws.std(dim=0) / 400 ** 0.5
+    assert bool(((draws.mean(dim=0) - plain).abs() <= 5 * standard_error + 1e-12).all())
