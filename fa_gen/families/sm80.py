@@ -38,6 +38,10 @@ INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": 
                    **{f"forward_varlen_split_pack{g}": CallKind(True, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_paged_pack{g}": CallKind(True, True, g, True) for g in GQA_PACKS}}
 
+# Attention dropout (templates/common/dropout.j2): the fixed-length forward with the Philox mask,
+# rendered on demand (p, seed and offset are runtime values).
+DROPOUT_KINDS = ("forward_dropout",)
+
 # Backward kinds: the fixed-length one (in generated/) and the varlen one (rendered on demand).
 BACKWARD_KINDS = ("backward", "backward_varlen")
 
@@ -140,9 +144,12 @@ class Sm80Family(Family):
         packable = gqa_packable(spec)
         kinds = {kind: (self.forward_template, f"{kind}.py") for kind, call in INFERENCE_KINDS.items()
                  if call.pack == 1 or packable}
-        return {**kinds, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
+        dropout = {kind: (self.forward_template, f"{kind}.py") for kind in DROPOUT_KINDS}
+        return {**kinds, **dropout, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
+        if kind in DROPOUT_KINDS:
+            return {"dropout": True}
         if kind in INFERENCE_KINDS:
             call = INFERENCE_KINDS[kind]
             context = {**call._asdict(), **_unlisted(expression_context(spec))}
@@ -206,8 +213,9 @@ class Sm80Family(Family):
             "expr": expression_context(spec),
             # A mask expression's tiles come in per-call lists (fa_gen.plan) in fixed-length kinds.
             "listed": spec.mask_expr is not None,
-            # Call features (kind_context sets them for the inference kinds).
+            # Call features (kind_context sets them for the inference and dropout kinds).
             "varlen": False,
+            "dropout": False,
             "split": False,
             "pack": 1,
             "paged": False,

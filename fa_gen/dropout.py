@@ -1,0 +1,68 @@
+"""Attention dropout in the forward (the sm80 family's `forward_dropout` kind).
+
+    seed, offset = draw_rng_state(q.device)             # from PyTorch's CUDA generator
+    out, lse = forward_dropout(spec, q, k, v, 0.1, seed, offset)
+
+Each probability is kept with probability 1 - p and then scaled by 1 / (1 - p); which ones are
+kept is Philox4x32-10 of (seed, offset, batch, head, query and key position) under the mapping
+of fa_gen/philox.py, so a backward regenerates the same mask and fa_gen.reference reproduces it
+bit for bit (`attention_reference(..., dropout=Dropout(p, seed, offset))`). The LSE is the
+undropped one. p, seed and offset are runtime values: one compiled kernel serves every draw.
+
+This is the kernel layer. The backward with the regenerated mask and the public `dropout_p`
+arguments (fa_gen.attention, flash_attn_func) come with it; until then those refuse dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import InputError
+from .philox import MASK32, keep_threshold
+from .runtime import build, current_arch
+from .spec import Spec
+
+KIND = "forward_dropout"
+# The offset advances by this much per call: every call draws from counters of its own.
+OFFSET_STEP = 4
+
+
+def draw_rng_state(device: torch.device, generator: torch.Generator | None = None) -> tuple[int, int]:
+    """(seed, offset) for one dropout call from `generator` (default: the device's CUDA
+    generator), advancing its offset so that the next call draws a different mask and
+    `torch.manual_seed` reproduces a run."""
+    if generator is None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        generator = torch.cuda.default_generators[index]
+    offset = generator.get_offset()
+    generator.set_offset(offset + OFFSET_STEP)
+    return generator.initial_seed(), offset
+
+
+def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, seed: int,
+                    offset: int, inputs=None, arch: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of fixed-length q (b, sq, hq, d), k/v (b, sk, hkv, d) with the probabilities
+    dropped with probability `dropout_p` under the generator state (seed, offset)."""
+    if not isinstance(dropout_p, (int, float)) or not 0.0 < dropout_p < 1.0:
+        raise InputError(f"dropout_p must be a number in (0, 1); got {dropout_p!r} (0 means no dropout: call "
+                         "the plain forward)")
+    for name, value in (("seed", seed), ("offset", offset)):
+        if not isinstance(value, int) or not 0 <= value < 1 << 64:
+            raise InputError(f"{name} must be an int in [0, 2^64); got {value!r}")
+    kernel = build(spec, arch or current_arch(), family="sm80")
+    function = kernel._variant_function(KIND)
+    kernel._check(q, k, v)
+    batch, seqlen_q, heads_q, _ = q.shape
+    out = torch.empty((batch, seqlen_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    if seqlen_q == 0:
+        return out, lse
+    rng = torch.tensor([_signed64(seed), _signed64(offset)], dtype=torch.int64, device=q.device)
+    extra = kernel._plan_for_call(q, k, inputs).arguments if (spec.inputs or inputs or spec.mask_expr) else ()
+    function(q, k, v, out, lse, rng, keep_threshold(dropout_p) & MASK32, 1.0 / (1.0 - dropout_p), *extra)
+    return out, lse
+
+
+def _signed64(value: int) -> int:
+    """A uint64 as the int64 with the same bits (what an int64 tensor holds)."""
+    return value - (1 << 64) if value >= 1 << 63 else value

@@ -1,0 +1,98 @@
+"""L1: the dropout forward (sm80 `forward_dropout`) against the float64 reference under the same
+Philox mask (fa_gen.philox), bit for bit in the mask and within the forward's tolerance in the
+values; same state, same bits; another seed or offset, another mask; the keep rate binomial.
+
+Run on a GPU machine:  python -m pytest -m gpu tests/test_gpu_dropout.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fa_gen.check import _rounding_floor
+from fa_gen.dropout import forward_dropout
+from fa_gen.philox import Dropout
+from fa_gen.reference import attention_reference, attention_same_precision
+from fa_gen.runtime import resolve_spec
+from fa_gen.spec_load import load_spec
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (L1)"),
+]
+
+SPECS = [resolve_spec("causal_bf16_d128"), resolve_spec("full_fp16_d64"), resolve_spec("sliding_window_bf16_d128"),
+         resolve_spec("softcap"), resolve_spec("chunked_causal"),
+         load_spec({"name": "drop_q80", "dtype": "bf16", "head_dim": 80, "mask": "causal"})]
+
+
+def _inputs(spec, generator):
+    if spec.name == "softcap":
+        return {"softcap": 5.0 + 45.0 * float(torch.rand((), generator=generator, device="cuda"))}
+    if spec.name == "chunked_causal":
+        return {"chunk": int(torch.randint(1, 300, (), generator=generator, device="cuda"))}
+    return None
+
+
+def _draw(spec, generator, batch, seqlen_q, seqlen_k, heads_q, heads_kv):
+    dtype = torch.bfloat16 if spec.dtype.value == "bf16" else torch.float16
+    q = torch.randn(batch, seqlen_q, heads_q, spec.head_dim_qk, generator=generator, device="cuda").to(dtype)
+    k = torch.randn(batch, seqlen_k, heads_kv, spec.head_dim_qk, generator=generator, device="cuda").to(dtype)
+    v = torch.randn(batch, seqlen_k, heads_kv, spec.head_dim_v, generator=generator, device="cuda").to(dtype)
+    return q, k, v
+
+
+@settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**64 - 1), offset=st.integers(0, 2**40))
+def test_dropout_forward_matches_reference(data, seed, offset):
+    spec = data.draw(st.sampled_from(SPECS), label="spec")
+    p = data.draw(st.sampled_from((0.1, 0.5, 0.9)), label="p")
+    batch, heads_kv = data.draw(st.integers(1, 2), label="batch"), data.draw(st.integers(1, 2), label="heads_kv")
+    group = data.draw(st.sampled_from((1, 3)), label="group")
+    seqlen_q, seqlen_k = data.draw(st.integers(1, 300), label="seqlen_q"), data.draw(st.integers(1, 300), label="seqlen_k")
+    g = torch.Generator(device="cuda").manual_seed(seed % 2**31)
+    q, k, v = _draw(spec, g, batch, seqlen_q, seqlen_k, heads_kv * group, heads_kv)
+    inputs = _inputs(spec, g)
+    out, lse = forward_dropout(spec, q, k, v, p, seed, offset, inputs=inputs)
+    drop = Dropout(p, seed, offset)
+    ref, ref_lse = attention_reference(q, k, v, spec, inputs=inputs, dropout=drop)
+    same = attention_same_precision(q, k, v, spec, inputs=inputs, dropout=drop)
+    tol = 2 * (same.double() - ref).abs().max().item() + _rounding_floor(ref, q.dtype)
+    err = (out.double() - ref).abs().max().item()
+    assert torch.isfinite(out).all() and err <= tol, f"{spec.name} p={p}: out err {err:.3e} > {tol:.3e}"
+    visible = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), visible)
+    assert (lse[visible].double() - ref_lse[visible]).abs().max().item() <= 1e-3 if visible.any() else True
+
+
+def test_same_state_same_bits_other_state_other_mask():
+    spec = SPECS[0]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = _draw(spec, g, 2, 200, 300, 4, 2)
+    first, _ = forward_dropout(spec, q, k, v, 0.3, 1234, 8)
+    assert torch.equal(first, forward_dropout(spec, q, k, v, 0.3, 1234, 8)[0])
+    for seed, offset in ((1235, 8), (1234, 12), (1234 + (1 << 40), 8)):
+        assert not torch.equal(first, forward_dropout(spec, q, k, v, 0.3, seed, offset)[0])
+
+
+def test_keep_rate_and_unbiased_output():
+    """V = 1 everywhere: out = (kept probability mass) / (1 - p) per row, whose mean over rows is
+    1 (unbiased) within the binomial spread of the kept count."""
+    spec = resolve_spec("full_bf16_d128")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.zeros(1, 512, 8, 128, device="cuda", dtype=torch.bfloat16)  # uniform probabilities
+    k = torch.randn(1, 1024, 8, 128, generator=g, device="cuda").to(torch.bfloat16)
+    v = torch.ones(1, 1024, 8, 128, device="cuda", dtype=torch.bfloat16)
+    p = 0.25
+    out, _ = forward_dropout(spec, q, k, v, p, 99, 0)
+    kept_share = out[..., 0].double() * (1 - p)  # per row: kept keys / 1024
+    n = kept_share.numel() * 1024
+    assert abs(kept_share.mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    assert abs(out[..., 0].double().mean().item() - 1.0) < 5 * math.sqrt(p / (1 - p) / n)
