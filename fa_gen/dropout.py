@@ -1,7 +1,8 @@
-"""Attention dropout in the forward (the sm80 family's `forward_dropout` kind).
+"""Attention dropout: the sm80 family's `forward_dropout` and `backward_dropout` kinds.
 
     seed, offset = draw_rng_state(q.device)             # from PyTorch's CUDA generator
     out, lse = forward_dropout(spec, q, k, v, 0.1, seed, offset)
+    dq, dk, dv = backward_dropout(spec, dout, q, k, v, out, lse, 0.1, seed, offset)
 
 Each probability is kept with probability 1 - p and then scaled by 1 / (1 - p); which ones are
 kept is Philox4x32-10 of (seed, offset, batch, head, query and key position) under the mapping
@@ -9,20 +10,29 @@ of fa_gen/philox.py, so a backward regenerates the same mask and fa_gen.referenc
 bit for bit (`attention_reference(..., dropout=Dropout(p, seed, offset))`). The LSE is the
 undropped one. p, seed and offset are runtime values: one compiled kernel serves every draw.
 
-This is the kernel layer. The backward with the regenerated mask and the public `dropout_p`
-arguments (fa_gen.attention, flash_attn_func) come with it; until then those refuse dropout.
+The backward regenerates the mask from the same (p, seed, offset): dV takes the dropped,
+rescaled probabilities, dS = P * (Z * dP - D) with Z = keep / (1 - p) and D = rowsum(dO * O).
+
+This is the kernel layer. The public `dropout_p` arguments (fa_gen.attention, flash_attn_func)
+wait for these kernels' GPU tests (tests/test_gpu_dropout.py); until then those refuse dropout.
 """
 
 from __future__ import annotations
 
 import torch
 
+import functools
+
+from .backward import Backward, _workspace
 from .errors import InputError
+from .families.warp_tiles import padded_head_dim
 from .philox import MASK32, keep_threshold
-from .runtime import build, current_arch
+from .runtime import build, current_arch, load_target
 from .spec import Spec
+from .target import resolve_target
 
 KIND = "forward_dropout"
+BACKWARD_KIND = "backward_dropout"
 # The offset advances by this much per call: every call draws from counters of its own.
 OFFSET_STEP = 4
 
@@ -43,12 +53,7 @@ def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                     offset: int, inputs=None, arch: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of fixed-length q (b, sq, hq, d), k/v (b, sk, hkv, d) with the probabilities
     dropped with probability `dropout_p` under the generator state (seed, offset)."""
-    if not isinstance(dropout_p, (int, float)) or not 0.0 < dropout_p < 1.0:
-        raise InputError(f"dropout_p must be a number in (0, 1); got {dropout_p!r} (0 means no dropout: call "
-                         "the plain forward)")
-    for name, value in (("seed", seed), ("offset", offset)):
-        if not isinstance(value, int) or not 0 <= value < 1 << 64:
-            raise InputError(f"{name} must be an int in [0, 2^64); got {value!r}")
+    _check_draw(dropout_p, seed, offset)
     kernel = build(spec, arch or current_arch(), family="sm80")
     function = kernel._variant_function(KIND)
     kernel._check(q, k, v)
@@ -57,10 +62,50 @@ def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
     if seqlen_q == 0:
         return out, lse
-    rng = torch.tensor([_signed64(seed), _signed64(offset)], dtype=torch.int64, device=q.device)
     extra = kernel._plan_for_call(q, k, inputs).arguments if (spec.inputs or inputs or spec.mask_expr) else ()
-    function(q, k, v, out, lse, rng, keep_threshold(dropout_p) & MASK32, 1.0 / (1.0 - dropout_p), *extra)
+    function(q, k, v, out, lse, *_draw_arguments(dropout_p, seed, offset, q.device), *extra)
     return out, lse
+
+
+def backward_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     out: torch.Tensor, lse: torch.Tensor, dropout_p: float, seed: int, offset: int,
+                     deterministic: bool = False, inputs=None, arch: str | None = None):
+    """(dq, dk, dv) of forward_dropout's output `out` (with its `lse`) for the upstream `dout`,
+    under the same (dropout_p, seed, offset)."""
+    _check_draw(dropout_p, seed, offset)
+    backward = _backward(spec, arch or current_arch())
+    backward._check(dout, q, k, v, out, lse)
+    extra = backward._extra_arguments(q, k, inputs, None)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    workspace = _workspace(q, padded_head_dim(spec.head_dim_qk))
+    backward._function(q, k, v, out, dout, lse, dq, dk, dv, *workspace, int(bool(deterministic)),
+                       *_draw_arguments(dropout_p, seed, offset, q.device), *extra)
+    return dq, dk, dv
+
+
+@functools.lru_cache(maxsize=None)
+def _backward(spec: Spec, arch: str) -> Backward:
+    """The compiled backward_dropout kind (the sm80 family's), with the backward's checks and plans."""
+    function, info = load_target(resolve_target(spec, arch, BACKWARD_KIND, family="sm80"))
+    return Backward(spec, arch, function, info)
+
+
+def _check_draw(dropout_p, seed, offset) -> None:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 < dropout_p < 1.0:
+        raise InputError(f"dropout_p must be a number in (0, 1); got {dropout_p!r} (0 means no dropout: call "
+                         "the plain forward)")
+    for name, value in (("seed", seed), ("offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
+            raise InputError(f"{name} must be an int in [0, 2^64); got {value!r}")
+
+
+def _draw_arguments(dropout_p: float, seed: int, offset: int, device) -> tuple:
+    """The kernels' dropout arguments: (seed, offset) as an int64 device tensor, the keep
+    threshold, 1 / (1 - p)."""
+    rng = torch.tensor([_signed64(seed), _signed64(offset)], dtype=torch.int64, device=device)
+    return rng, keep_threshold(dropout_p) & MASK32, 1.0 / (1.0 - dropout_p)
 
 
 def _signed64(value: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fa_gen.dropout import forward_dropout
+from fa_gen.dropout import backward_dropout, forward_dropout
 from fa_gen.errors import InputError
 from fa_gen.render import render_target
 from fa_gen.runtime import resolve_spec
@@ -15,22 +15,25 @@ from fa_gen.target import resolve_target
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_dropout_kind_compiles(tmp_path, monkeypatch, arch):
+@pytest.mark.parametrize("kind,marker", [("forward_dropout", "dropout_probabilities(acc_S_mn"),
+                                         ("backward_dropout", "scale_fragment(acc_S_mn, acc_Z_mn)")])
+def test_dropout_kinds_compile(tmp_path, monkeypatch, arch, kind, marker):
     from fa_gen.backends.cute_dsl import compile_to_object
 
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
-    for name in ("causal_bf16_d128", "chunked_causal"):
-        target = resolve_target(resolve_spec(name), arch, "forward_dropout")
+    for name in ("causal_bf16_d128", "chunked_causal", "softcap"):
+        target = resolve_target(resolve_spec(name), arch, kind)
         assert target.family.name == "sm80"
         text = render_target(target).text
-        assert "def philox4x32(" in text and "dropout_probabilities(acc_S_mn" in text
+        assert "def philox4x32(" in text and marker in text
         path = tmp_path / f"{name}.o"
         compile_to_object(text, arch, path, label=name)
         assert path.stat().st_size > 0
 
 
-def test_no_philox_without_dropout():
-    text = render_target(resolve_target(resolve_spec("causal_bf16_d128"), "sm_80", "forward")).text
+@pytest.mark.parametrize("kind", ["forward", "backward", "backward_varlen", "forward_split"])
+def test_no_philox_without_dropout(kind):
+    text = render_target(resolve_target(resolve_spec("causal_bf16_d128"), "sm_80", kind)).text
     assert "philox" not in text.lower()
 
 
@@ -42,3 +45,11 @@ def test_argument_errors(p, seed, offset, message):
     q = torch.zeros(1, 4, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(InputError, match=message):
         forward_dropout(resolve_spec("causal_bf16_d128"), q, q, q, p, seed, offset)
+
+
+def test_backward_argument_errors():
+    q = torch.zeros(1, 4, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="dropout_p"):
+        backward_dropout(resolve_spec("causal_bf16_d128"), q, q, q, q, q, None, 1.5, 1, 0)
+    with pytest.raises(InputError, match="seed"):
+        backward_dropout(resolve_spec("causal_bf16_d128"), q, q, q, q, q, None, 0.5, True, 0)

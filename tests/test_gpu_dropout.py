@@ -1,6 +1,7 @@
-"""L1: the dropout forward (sm80 `forward_dropout`) against the float64 reference under the same
-Philox mask (fa_gen.philox), bit for bit in the mask and within the forward's tolerance in the
-values; same state, same bits; another seed or offset, another mask; the keep rate binomial.
+"""L1: the dropout forward and backward (sm80 `forward_dropout`, `backward_dropout`) against the
+float64 reference under the same Philox mask (fa_gen.philox): the mask bit for bit, values within
+the forward's and the backward's tolerances; same state, same bits; another seed or offset,
+another mask; the keep rate binomial and the output unbiased.
 
 Run on a GPU machine:  python -m pytest -m gpu tests/test_gpu_dropout.py
 """
@@ -16,11 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fa_gen.check import _rounding_floor
-from fa_gen.dropout import forward_dropout
+from fa_gen.dropout import backward_dropout, forward_dropout
 from fa_gen.philox import Dropout
 from fa_gen.reference import attention_reference, attention_same_precision
 from fa_gen.runtime import resolve_spec
 from fa_gen.spec_load import load_spec
+from tests.test_gpu_backward import _autograd, _max_abs, _rounding_floor as two_roundings
 
 pytestmark = [
     pytest.mark.gpu,
@@ -96,3 +98,30 @@ def test_keep_rate_and_unbiased_output():
     n = kept_share.numel() * 1024
     assert abs(kept_share.mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
     assert abs(out[..., 0].double().mean().item() - 1.0) < 5 * math.sqrt(p / (1 - p) / n)
+
+
+@settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**64 - 1), offset=st.integers(0, 2**40))
+def test_dropout_backward_matches_reference(data, seed, offset):
+    """dq, dk, dv of forward_dropout through backward_dropout (the mask regenerated) against
+    float64 autograd through the reference under the same mask; tolerance as the backward
+    suite derives it (twice the same-precision autograd error plus two roundings)."""
+    spec = data.draw(st.sampled_from(SPECS), label="spec")
+    p = data.draw(st.sampled_from((0.1, 0.5)), label="p")
+    deterministic = data.draw(st.booleans(), label="deterministic")
+    seqlen_q, seqlen_k = data.draw(st.integers(1, 250), label="seqlen_q"), data.draw(st.integers(1, 250), label="seqlen_k")
+    g = torch.Generator(device="cuda").manual_seed(seed % 2**31)
+    q, k, v = _draw(spec, g, 2, seqlen_q, seqlen_k, 4, 2)
+    dout = torch.randn(q.shape[:3] + (spec.head_dim_v,), generator=g, device="cuda").to(q.dtype)
+    inputs = _inputs(spec, g)
+    out, lse = forward_dropout(spec, q, k, v, p, seed, offset, inputs=inputs)
+    got = backward_dropout(spec, dout, q, k, v, out, lse, p, seed, offset, deterministic=deterministic, inputs=inputs)
+    drop = Dropout(p, seed, offset)
+    ref = _autograd(lambda *t: attention_reference(*t, spec, inputs=inputs, dropout=drop)[0],
+                    (q.double(), k.double(), v.double()), dout.double())
+    same = _autograd(lambda *t: attention_same_precision(*t, spec, inputs=inputs, dropout=drop), (q, k, v), dout)
+    for name, x, r, pt in zip(("dq", "dk", "dv"), got, ref, same):
+        tol = 2 * _max_abs(pt.double() - r) + two_roundings(r, q.dtype)
+        err = _max_abs(x.double() - r)
+        assert torch.isfinite(x).all() and err <= tol, f"{spec.name} p={p} {name}: {err:.3e} > {tol:.3e}"

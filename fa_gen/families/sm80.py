@@ -40,7 +40,7 @@ INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": 
 
 # Attention dropout (templates/common/dropout.j2): the fixed-length forward with the Philox mask,
 # rendered on demand (p, seed and offset are runtime values).
-DROPOUT_KINDS = ("forward_dropout",)
+DROPOUT_KINDS = ("forward_dropout", "backward_dropout")
 
 # Backward kinds: the fixed-length one (in generated/) and the varlen one (rendered on demand).
 BACKWARD_KINDS = ("backward", "backward_varlen")
@@ -144,11 +144,12 @@ class Sm80Family(Family):
         packable = gqa_packable(spec)
         kinds = {kind: (self.forward_template, f"{kind}.py") for kind, call in INFERENCE_KINDS.items()
                  if call.pack == 1 or packable}
-        dropout = {kind: (self.forward_template, f"{kind}.py") for kind in DROPOUT_KINDS}
+        dropout = {"forward_dropout": (self.forward_template, "forward_dropout.py"),
+                   "backward_dropout": ("backward.py.j2", "backward_dropout.py")}
         return {**kinds, **dropout, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
-        if kind in DROPOUT_KINDS:
+        if kind == "forward_dropout":
             return {"dropout": True}
         if kind in INFERENCE_KINDS:
             call = INFERENCE_KINDS[kind]
@@ -162,7 +163,7 @@ class Sm80Family(Family):
                                                            padded_head_dim(spec.head_dim_v), smem,
                                                            _SPLIT_REGS_PER_THREAD)
             return context
-        if kind not in BACKWARD_KINDS:
+        if kind not in BACKWARD_KINDS and kind != "backward_dropout":
             return {}
         cfg = backward_tile_config(spec, arch)
         # Query tiles first to last where no right window bounds them from below (every key
@@ -174,7 +175,8 @@ class Sm80Family(Family):
         expr = backward_expression_context(spec)
         return {"bwd": asdict(cfg), "smem_atom_cols_pds": smem_atom_cols(cfg.tile_n),
                 "bwd_ascending": ascending, "expr": expr, "listed": bool(expr and expr["mask"]),
-                "dq_atomic_width": _dq_atomic_width(arch), "varlen": varlen, **(_unlisted(expr) if varlen else {})}
+                "dq_atomic_width": _dq_atomic_width(arch), "varlen": varlen, "dropout": kind == "backward_dropout",
+                **(_unlisted(expr) if varlen else {})}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
         cfg = tile_config(spec, arch)
