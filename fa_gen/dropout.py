@@ -3,6 +3,11 @@
     seed, offset = draw_rng_state(q.device)             # from PyTorch's CUDA generator
     out, lse = forward_dropout(spec, q, k, v, 0.1, seed, offset)
     dq, dk, dv = backward_dropout(spec, dout, q, k, v, out, lse, 0.1, seed, offset)
+    out, lse = forward_varlen_dropout(spec, q, k, v, cu_q, cu_k, max_q, max_k, 0.1, seed, offset)
+    dq, dk, dv = backward_varlen_dropout(spec, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.1, seed, offset)
+
+A packed (varlen) batch draws sequence b's mask as batch entry b: query and key positions are
+positions inside the sequence, as masks see them.
 
 Each probability is kept with probability 1 - p and then scaled by 1 / (1 - p); which ones are
 kept is Philox4x32-10 of (seed, offset, batch, head, query and key position) under the mapping
@@ -23,9 +28,11 @@ import torch
 
 import functools
 
+from . import varlen_backward
 from .backward import Backward, _workspace
 from .errors import InputError
 from .families.warp_tiles import padded_head_dim
+from .inference import _check_varlen, _varlen_extra_arguments
 from .philox import MASK32, keep_threshold
 from .runtime import build, current_arch, load_target
 from .spec import Spec
@@ -82,6 +89,45 @@ def backward_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.T
     workspace = _workspace(q, padded_head_dim(spec.head_dim_qk))
     backward._function(q, k, v, out, dout, lse, dq, dk, dv, *workspace, int(bool(deterministic)),
                        *_draw_arguments(dropout_p, seed, offset, q.device), *extra)
+    return dq, dk, dv
+
+
+def forward_varlen_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int,
+                           offset: int, inputs=None, arch: str | None = None):
+    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch (fa_gen.inference's layouts)
+    with dropout; sequence b draws its mask as batch entry b."""
+    _check_draw(dropout_p, seed, offset)
+    _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)
+    function, _ = load_target(resolve_target(spec, arch or current_arch(), "forward_varlen_dropout", family="sm80"))
+    out = torch.empty((q.shape[0], q.shape[1], spec.head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if q.shape[0] == 0 or cu_seqlens_q.shape[0] < 2:
+        return out, lse.fill_(-float("inf"))
+    sequences = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_k, 0, max(int(max_seqlen_q), 1))
+    function(q, k, v, out, lse, *sequences, *_draw_arguments(dropout_p, seed, offset, q.device),
+             *_varlen_extra_arguments(spec, q, q.shape[1], inputs))
+    return out, lse
+
+
+def backward_varlen_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int, offset: int,
+                            deterministic: bool = False, inputs=None, arch: str | None = None):
+    """(dq, dk, dv) of forward_varlen_dropout's output under the same (dropout_p, seed, offset)."""
+    _check_draw(dropout_p, seed, offset)
+    _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)
+    varlen_backward._check_outputs(spec, q, out, dout, lse)
+    function, _ = load_target(resolve_target(spec, arch or current_arch(), "backward_varlen_dropout", family="sm80"))
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    batch = cu_seqlens_q.shape[0] - 1
+    if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
+        return dq, dk, dv
+    sequences = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_k, 0, max(int(max_seqlen_q), 1), max(int(max_seqlen_k), 1))
+    workspace = varlen_backward._workspace(q, batch, padded_head_dim(spec.head_dim_qk))
+    function(q, k, v, out, dout, lse, dq, dk, dv, *workspace, int(bool(deterministic)),
+             *_draw_arguments(dropout_p, seed, offset, q.device), *sequences,
+             *_varlen_extra_arguments(spec, q, q.shape[1], inputs))
     return dq, dk, dv
 
 

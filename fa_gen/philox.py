@@ -88,11 +88,14 @@ def dropout_keep(seed: int, offset: int, batch, head, heads_q: int, q_idx, kv_id
 
 @dataclass(frozen=True)
 class Dropout:
-    """One dropout draw: probability p and the generator state (seed, offset) it comes from."""
+    """One dropout draw: probability p and the generator state (seed, offset) it comes from;
+    `first_batch`: the batch index of the tensors' first entry (sequence b of a packed batch,
+    judged alone, is batch entry b of the kernel's mask)."""
 
     p: float
     seed: int
     offset: int
+    first_batch: int = 0
 
     def scale(self, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, device=None,
               dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -100,5 +103,6 @@ class Dropout:
         probabilities before P @ V (the LSE is the undropped one)."""
         index = [torch.arange(n, device=device).view(*[-1 if i == axis else 1 for i in range(4)])
                  for axis, n in enumerate((batch, heads_q, seqlen_q, seqlen_k))]
-        keep = dropout_keep(self.seed, self.offset, index[0], index[1], heads_q, index[2], index[3], self.p)
+        keep = dropout_keep(self.seed, self.offset, index[0] + self.first_batch, index[1], heads_q, index[2],
+                            index[3], self.p)
         return keep.to(dtype) / (1.0 - self.p)

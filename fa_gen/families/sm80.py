@@ -38,9 +38,10 @@ INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": 
                    **{f"forward_varlen_split_pack{g}": CallKind(True, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_paged_pack{g}": CallKind(True, True, g, True) for g in GQA_PACKS}}
 
-# Attention dropout (templates/common/dropout.j2): the fixed-length forward with the Philox mask,
-# rendered on demand (p, seed and offset are runtime values).
-DROPOUT_KINDS = ("forward_dropout", "backward_dropout")
+# Attention dropout (templates/common/dropout.j2): the fixed-length and varlen forwards and
+# backwards with the Philox mask, rendered on demand (p, seed and offset are runtime values).
+DROPOUT_KINDS = {"forward_dropout": "forward.py.j2", "backward_dropout": "backward.py.j2",
+                 "forward_varlen_dropout": "forward.py.j2", "backward_varlen_dropout": "backward.py.j2"}
 
 # Backward kinds: the fixed-length one (in generated/) and the varlen one (rendered on demand).
 BACKWARD_KINDS = ("backward", "backward_varlen")
@@ -144,13 +145,15 @@ class Sm80Family(Family):
         packable = gqa_packable(spec)
         kinds = {kind: (self.forward_template, f"{kind}.py") for kind, call in INFERENCE_KINDS.items()
                  if call.pack == 1 or packable}
-        dropout = {"forward_dropout": (self.forward_template, "forward_dropout.py"),
-                   "backward_dropout": ("backward.py.j2", "backward_dropout.py")}
+        dropout = {kind: (template, f"{kind}.py") for kind, template in DROPOUT_KINDS.items()}
         return {**kinds, **dropout, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
         if kind == "forward_dropout":
             return {"dropout": True}
+        if kind == "forward_varlen_dropout":
+            whole = INFERENCE_KINDS["forward_varlen"]
+            return {**whole._asdict(), **_unlisted(expression_context(spec)), "dropout": True}
         if kind in INFERENCE_KINDS:
             call = INFERENCE_KINDS[kind]
             context = {**call._asdict(), **_unlisted(expression_context(spec))}
@@ -163,7 +166,7 @@ class Sm80Family(Family):
                                                            padded_head_dim(spec.head_dim_v), smem,
                                                            _SPLIT_REGS_PER_THREAD)
             return context
-        if kind not in BACKWARD_KINDS and kind != "backward_dropout":
+        if kind not in BACKWARD_KINDS and kind not in ("backward_dropout", "backward_varlen_dropout"):
             return {}
         cfg = backward_tile_config(spec, arch)
         # Query tiles first to last where no right window bounds them from below (every key
@@ -171,11 +174,11 @@ class Sm80Family(Family):
         # first (causal-like ranges end together). H200, bf16, no mask: first to last was 6%
         # and 7% faster at d128 (s 4k, 16k) and 1.3% slower at d64 (tile_m 128).
         ascending = spec.window_right is None and max(spec.head_dim_qk, spec.head_dim_v) >= 128
-        varlen = kind == "backward_varlen"
+        varlen = kind in ("backward_varlen", "backward_varlen_dropout")
         expr = backward_expression_context(spec)
         return {"bwd": asdict(cfg), "smem_atom_cols_pds": smem_atom_cols(cfg.tile_n),
                 "bwd_ascending": ascending, "expr": expr, "listed": bool(expr and expr["mask"]),
-                "dq_atomic_width": _dq_atomic_width(arch), "varlen": varlen, "dropout": kind == "backward_dropout",
+                "dq_atomic_width": _dq_atomic_width(arch), "varlen": varlen, "dropout": kind.endswith("_dropout"),
                 **(_unlisted(expr) if varlen else {})}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
