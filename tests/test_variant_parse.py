@@ -215,3 +215,40 @@ def test_import_does_not_pull_in_torch():
     code = "import sys, fa_gen, fa_gen.variant, fa_gen.spec_load; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# --- size limits: clear errors, never a RecursionError ---------------------------------------
+
+@pytest.mark.parametrize("text,message", [
+    (" + ".join(["score"] * 100), "nested more than 64 levels deep"),         # a long chain
+    ("-" * 80 + "score", "nested more than 64 levels deep"),                  # unary minus after minus
+    (" + ".join(["score"] * 5000), "too large or nested too deeply to parse"),  # past Python's parser
+    ("-" * 5000 + "score", "too large or nested too deeply to parse"),
+    ("(" * 300 + "score" + ")" * 300, "too many nested parentheses"),
+])
+def test_oversized_expressions_are_spec_errors(text, message):
+    with pytest.raises(ExprError, match=message):
+        parse(text, Role.SCORE_MOD)
+
+
+def test_too_many_parts_is_a_spec_error():
+    # Balanced (shallow) but large: 2048 leaves in a tree of depth 12.
+    parts = ["score"] * 2048
+    while len(parts) > 1:
+        parts = [f"({a} + {b})" for a, b in zip(parts[::2], parts[1::2])]
+    with pytest.raises(ExprError, match="more than 2000 parts"):
+        parse(parts[0], Role.SCORE_MOD)
+
+
+def test_the_limits_leave_room_for_real_variants():
+    from fa_gen.variant import language as lang
+
+    chain = " + ".join(f"{i}.0 * score" for i in range(30))  # 59 levels
+    assert parse(chain, Role.SCORE_MOD) is not None
+    assert lang.MAX_EXPR_DEPTH * 10 < sys.getrecursionlimit()  # every pass recurses well within it
+
+
+def test_a_spec_with_an_oversized_expression_says_where():
+    text = "name: x\ndtype: bf16\nhead_dim: 128\nscore_mod:\n  expr: " + " + ".join(["score"] * 100) + "\n"
+    with pytest.raises(SpecError, match=r"score_mod\.expr: .*64 levels deep"):
+        spec_from_yaml_text(text)

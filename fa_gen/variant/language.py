@@ -57,6 +57,11 @@ TRANSCENDENTAL = ("tanh", "exp", "exp2", "log", "sqrt")
 
 # The largest integer exponent `x ** n` accepts (it becomes n - 1 multiplications).
 MAX_INT_EXPONENT = 8
+# Size limits of one expression (parse.py checks them before any pass walks the tree, every one of
+# which recurses over it): syntax-tree nodes in all, and nesting depth (operators, calls and
+# parentheses inside one another). Far above any attention variant; far below Python's recursion limit.
+MAX_EXPR_NODES = 2000
+MAX_EXPR_DEPTH = 64
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 

@@ -113,9 +113,30 @@ class _Builder:
             # Python gives no offset (0) when the text ends too early: point just past its end.
             offset = self.lead + e.offset - 1 if e.offset else len(self.line.rstrip())
             raise self.error(min(offset, len(self.line)), e.msg) from None
+        except (RecursionError, MemoryError):
+            # Python's own parser gives up on very long chains (a + a + ... or - - ... a).
+            raise self.error(0, f"the expression is too large or nested too deeply to parse (at most "
+                                f"{lang.MAX_EXPR_NODES} terms, {lang.MAX_EXPR_DEPTH} levels deep)") from None
+        self.check_size(tree.body)
         root = self.visit(tree.body)
         self.check_root(root)
         return root
+
+    def check_size(self, body: ast.AST) -> None:
+        """Refuse a tree past MAX_EXPR_NODES nodes or MAX_EXPR_DEPTH levels (walked with an explicit
+        stack: the check itself must not recurse), pointing at the first node past the depth."""
+        nodes, stack = 0, [(body, 1)]
+        while stack:
+            node, depth = stack.pop()
+            nodes += 1
+            if depth > lang.MAX_EXPR_DEPTH:
+                raise self.error(node, f"the expression is nested more than {lang.MAX_EXPR_DEPTH} levels deep (every "
+                                       f"operator of a chain like a + b + c is one level); at most {lang.MAX_EXPR_DEPTH}")
+            if nodes > lang.MAX_EXPR_NODES:
+                raise self.error(body, f"the expression has more than {lang.MAX_EXPR_NODES} parts; at most "
+                                       f"{lang.MAX_EXPR_NODES}")
+            stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node)
+                         if not isinstance(child, (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)))
 
     def error(self, where, reason: str) -> ExprError:
         """An ExprError at a character offset, an ast node or a tree node."""
