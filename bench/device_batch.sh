@@ -9,11 +9,13 @@
 #   bash bench/device_batch.sh COMMIT inference  the inference L1 suites (varlen, varlen backward,
 #                                             combine, kvcache, FA-compatible API + transformers)
 #                                             with FA_GEN_L1_EXAMPLES (default 40), one log each
+#   bash bench/device_batch.sh COMMIT new     the suites of kernels not yet run on a GPU: head dims off the
+#                                             measured set (sm90 padded forward included) and dropout
 #   bash bench/device_batch.sh COMMIT e2e     a 1B Llama-style model in transformers, fa_gen vs SDPA:
 #                                             prefill and decode tokens/s, attention share (bench/bench_e2e.py)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench, decode, inference or e2e}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new or e2e}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -27,6 +29,12 @@ if [[ $part == l1 ]]; then
 elif [[ $part == inference ]]; then
   export FA_GEN_L1_EXAMPLES=${FA_GEN_L1_EXAMPLES:-40}
   for suite in test_gpu_varlen test_gpu_varlen_backward test_gpu_combine test_gpu_kvcache test_gpu_flash_api; do
+    python -m pytest -q -p no:cacheprovider "tests/$suite.py" "$@" > "$out/$suite.log" 2>&1
+    echo "$suite: $(tail -1 "$out/$suite.log")"
+  done
+elif [[ $part == new ]]; then
+  export FA_GEN_L1_EXAMPLES=${FA_GEN_L1_EXAMPLES:-25}
+  for suite in test_gpu_head_dims test_gpu_dropout; do
     python -m pytest -q -p no:cacheprovider "tests/$suite.py" "$@" > "$out/$suite.log" 2>&1
     echo "$suite: $(tail -1 "$out/$suite.log")"
   done
