@@ -1,4 +1,5 @@
-"""Attention dropout: the sm80 family's `forward_dropout` and `backward_dropout` kinds.
+"""Attention dropout: the `forward_dropout` kinds (the sm90 family's on Hopper, the sm80 family's
+elsewhere) and the sm80 family's `backward_dropout` and varlen kinds.
 
     seed, offset = draw_rng_state(q.device)             # from PyTorch's CUDA generator
     out, lse = forward_dropout(spec, q, k, v, 0.1, seed, offset)
@@ -57,11 +58,15 @@ def draw_rng_state(device: torch.device, generator: torch.Generator | None = Non
 
 
 def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, seed: int,
-                    offset: int, inputs=None, arch: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    offset: int, inputs=None, arch: str | None = None,
+                    family: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of fixed-length q (b, sq, hq, d), k/v (b, sk, hkv, d) with the probabilities
-    dropped with probability `dropout_p` under the generator state (seed, offset)."""
+    dropped with probability `dropout_p` under the generator state (seed, offset); `family`
+    forces a template family (tests: the sm80 kernel on Hopper too)."""
     _check_draw(dropout_p, seed, offset)
-    kernel = build(spec, arch or current_arch(), family="sm80")
+    arch = arch or current_arch()
+    # The preferred family's dropout forward; the mask is the mapping's, so any backward pairs with it.
+    kernel = build(spec, arch, family=family or resolve_target(spec, arch, KIND).family.name)
     function = kernel._variant_function(KIND)
     kernel._check(q, k, v)
     batch, seqlen_q, heads_q, _ = q.shape

@@ -1,4 +1,5 @@
-"""L1: the dropout forward and backward (sm80 `forward_dropout`, `backward_dropout`) against the
+"""L1: the dropout forwards (`forward_dropout`: Hopper's own and the sm80 one) and the sm80
+backward (`backward_dropout`, fixed and varlen) against the
 float64 reference under the same Philox mask (fa_gen.philox): the mask bit for bit, values within
 the forward's and the backward's tolerances; same state, same bits; another seed or offset,
 another mask; the keep rate binomial and the output unbiased.
@@ -55,6 +56,7 @@ def _draw(spec, generator, batch, seqlen_q, seqlen_k, heads_q, heads_kv):
 @given(data=st.data(), seed=st.integers(0, 2**64 - 1), offset=st.integers(0, 2**40))
 def test_dropout_forward_matches_reference(data, seed, offset):
     spec = data.draw(st.sampled_from(SPECS), label="spec")
+    family = data.draw(st.sampled_from((None, "sm80")), label="family")
     p = data.draw(st.sampled_from((0.1, 0.5, 0.9)), label="p")
     batch, heads_kv = data.draw(st.integers(1, 2), label="batch"), data.draw(st.integers(1, 2), label="heads_kv")
     group = data.draw(st.sampled_from((1, 3)), label="group")
@@ -62,7 +64,7 @@ def test_dropout_forward_matches_reference(data, seed, offset):
     g = torch.Generator(device="cuda").manual_seed(seed % 2**31)
     q, k, v = _draw(spec, g, batch, seqlen_q, seqlen_k, heads_kv * group, heads_kv)
     inputs = _inputs(spec, g)
-    out, lse = forward_dropout(spec, q, k, v, p, seed, offset, inputs=inputs)
+    out, lse = forward_dropout(spec, q, k, v, p, seed, offset, inputs=inputs, family=family)
     drop = Dropout(p, seed, offset)
     ref, ref_lse = attention_reference(q, k, v, spec, inputs=inputs, dropout=drop)
     same = attention_same_precision(q, k, v, spec, inputs=inputs, dropout=drop)

@@ -117,6 +117,8 @@ class ShortTiles:
 SHORT_KIND = "forward_short"
 # The forward of a packed (varlen) batch: rendered per call, not in generated/.
 VARLEN_KIND = "forward_varlen"
+# The fixed-length forward with attention dropout (templates/common/dropout.j2), per call.
+DROPOUT_KIND = "forward_dropout"
 _SHORT_TILES = {
     (64, 64): ShortTiles(1024, TileConfig(128, 128, 2, 2)),
     (256, 256): ShortTiles(1024, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
@@ -198,11 +200,16 @@ class Sm90Family(Family):
     def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
         """The varlen forward (templates/common/seqlen.j2); the split-KV and GQA-packed decode
         kinds are the sm80 family's."""
-        return {} if varlen_reasons(spec) else {VARLEN_KIND: (self.forward_template, f"{VARLEN_KIND}.py")}
+        kinds = {DROPOUT_KIND: (self.forward_template, f"{DROPOUT_KIND}.py")}
+        if not varlen_reasons(spec):
+            kinds[VARLEN_KIND] = (self.forward_template, f"{VARLEN_KIND}.py")
+        return kinds
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
         if kind == VARLEN_KIND:
             return {"varlen": True}
+        if kind == DROPOUT_KIND:
+            return {"dropout": True}
         if kind == SHORT_KIND:
             return self._tile_context(spec, arch, _SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].tile)
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
@@ -251,6 +258,7 @@ class Sm90Family(Family):
             "expr": expression_context(spec),
             # Call features (kind_context sets them for the per-call kinds).
             "varlen": False,
+            "dropout": False,
         }
 
     def _tile_context(self, spec: Spec, arch: str, cfg: TileConfig) -> dict:
