@@ -21,6 +21,12 @@ so one Philox call decides the 2 x 2 block of rows (r, r + 8) of a 16-row group 
 (2j, 2j + 1): exactly the four scores one thread holds per 16 x 8 accumulator block of mma.sync
 m16n8 (sm80) and of wgmma (sm90), whose query tiles start at multiples of 16 rows. q_idx /
 kv_idx are positions inside the sequence (varlen batches: per sequence, as masks see them).
+
+Why four scores a call and not eight (16-bit halves): the 2 x 2 quad of one m16n8 atom is the
+only part of a thread's fragment whose shape every kernel shares. Beyond it the layouts differ:
+the sm80 forward's warp holds keys c and c + 8 in neighbouring atoms, the sm80 backward's S/dP
+warp grid holds c and c + 32 (its first thread: keys 0, 1, 32, 33, ...), so an eight-score
+lane would be half used in one of them.
 """
 
 from __future__ import annotations

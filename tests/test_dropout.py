@@ -57,3 +57,4 @@ def test_backward_argument_errors():
         backward_dropout(resolve_spec("causal_bf16_d128"), q, q, q, q, q, None, 1.5, 1, 0)
     with pytest.raises(InputError, match="seed"):
         backward_dropout(resolve_spec("causal_bf16_d128"), q, q, q, q, q, None, 0.5, True, 0)
+
