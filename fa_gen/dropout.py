@@ -99,12 +99,13 @@ def backward_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.T
 
 def forward_varlen_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int,
-                           offset: int, inputs=None, arch: str | None = None):
+                           offset: int, inputs=None, arch: str | None = None, family: str | None = None):
     """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch (fa_gen.inference's layouts)
     with dropout; sequence b draws its mask as batch entry b."""
     _check_draw(dropout_p, seed, offset)
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)
-    function, _ = load_target(resolve_target(spec, arch or current_arch(), "forward_varlen_dropout", family="sm80"))
+    # The preferred family's (Hopper's own where it serves the spec's varlen forward).
+    function, _ = load_target(resolve_target(spec, arch or current_arch(), "forward_varlen_dropout", family))
     out = torch.empty((q.shape[0], q.shape[1], spec.head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     if q.shape[0] == 0 or cu_seqlens_q.shape[0] < 2:

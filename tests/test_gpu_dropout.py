@@ -138,14 +138,14 @@ def test_varlen_dropout_per_sequence():
     starts_q = [0] + [sum(a for a, _ in lengths[:i + 1]) for i in range(len(lengths))]
     starts_k = [0] + [sum(b for _, b in lengths[:i + 1]) for i in range(len(lengths))]
     cu_q, cu_k = (torch.tensor(s, dtype=torch.int32, device="cuda") for s in (starts_q, starts_k))
-    for spec in SPECS[:3] + SPECS[5:]:
+    for spec, family in [(s, f) for s in SPECS[:3] + SPECS[5:] for f in (None, "sm80")]:
         g = torch.Generator(device="cuda").manual_seed(17)
         dtype = torch.bfloat16 if spec.dtype.value == "bf16" else torch.float16
         q = torch.randn(starts_q[-1], 4, spec.head_dim_qk, generator=g, device="cuda").to(dtype)
         k = torch.randn(starts_k[-1], 2, spec.head_dim_qk, generator=g, device="cuda").to(dtype)
         v = torch.randn(starts_k[-1], 2, spec.head_dim_v, generator=g, device="cuda").to(dtype)
         dout = torch.randn(starts_q[-1], 4, spec.head_dim_v, generator=g, device="cuda").to(dtype)
-        out, lse = forward_varlen_dropout(spec, q, k, v, cu_q, cu_k, 200, 120, 0.3, 4242, 16)
+        out, lse = forward_varlen_dropout(spec, q, k, v, cu_q, cu_k, 200, 120, 0.3, 4242, 16, family=family)
         grads = backward_varlen_dropout(spec, dout, q, k, v, out, lse, cu_q, cu_k, 200, 120, 0.3, 4242, 16)
         for b, (sq, sk) in enumerate(lengths):
             if sq == 0:

@@ -119,6 +119,7 @@ SHORT_KIND = "forward_short"
 VARLEN_KIND = "forward_varlen"
 # The fixed-length forward with attention dropout (templates/common/dropout.j2), per call.
 DROPOUT_KIND = "forward_dropout"
+VARLEN_DROPOUT_KIND = "forward_varlen_dropout"
 _SHORT_TILES = {
     (64, 64): ShortTiles(1024, TileConfig(128, 128, 2, 2)),
     (256, 256): ShortTiles(1024, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
@@ -203,6 +204,7 @@ class Sm90Family(Family):
         kinds = {DROPOUT_KIND: (self.forward_template, f"{DROPOUT_KIND}.py")}
         if not varlen_reasons(spec):
             kinds[VARLEN_KIND] = (self.forward_template, f"{VARLEN_KIND}.py")
+            kinds[VARLEN_DROPOUT_KIND] = (self.forward_template, f"{VARLEN_DROPOUT_KIND}.py")
         return kinds
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
@@ -210,6 +212,8 @@ class Sm90Family(Family):
             return {"varlen": True}
         if kind == DROPOUT_KIND:
             return {"dropout": True}
+        if kind == VARLEN_DROPOUT_KIND:
+            return {"varlen": True, "dropout": True}
         if kind == SHORT_KIND:
             return self._tile_context(spec, arch, _SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].tile)
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
