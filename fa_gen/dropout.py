@@ -25,9 +25,9 @@ wait for these kernels' GPU tests (tests/test_gpu_dropout.py); until then those 
 
 from __future__ import annotations
 
-import torch
-
 import functools
+
+import torch
 
 from . import varlen_backward
 from .backward import Backward, _workspace
