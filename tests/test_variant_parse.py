@@ -252,3 +252,15 @@ def test_a_spec_with_an_oversized_expression_says_where():
     text = "name: x\ndtype: bf16\nhead_dim: 128\nscore_mod:\n  expr: " + " + ".join(["score"] * 100) + "\n"
     with pytest.raises(SpecError, match=r"score_mod\.expr: .*64 levels deep"):
         spec_from_yaml_text(text)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("score - 1e38 * 10", "not a finite float32"), ("score * exp(100.0)", "not a finite float32"),
+    ("score + 3.5e38", "not a finite float32"), ("score / 0.0", "divides by zero"),
+    ("score / (2.0 - 2.0)", "divides by zero"),
+])
+def test_constants_a_kernel_cannot_hold_are_spec_errors(text, message):
+    """float32 kernels would hold inf (and the softmax NaN) where the float64 reference is finite."""
+    with pytest.raises(ExprError, match=message):
+        parse(text, Role.SCORE_MOD)
+    assert parse("score - 1e30", Role.SCORE_MOD) is not None  # a large finite stand-in for -inf is fine

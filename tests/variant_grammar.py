@@ -104,7 +104,8 @@ def parse_or_reject(text: str, role):
     try:
         return parse(text, role, INPUTS)
     except ExprError as e:
-        constant_overflow = any(m in e.reason for m in ("has no value", "does not fit", "not a finite number"))
+        constant_overflow = any(m in e.reason for m in (
+            "has no value", "does not fit", "not a finite number", "not a finite float32", "divides by zero"))
         assume(not constant_overflow)
         raise
 

@@ -63,6 +63,8 @@ MAX_INT_EXPONENT = 8
 MAX_EXPR_NODES = 2000
 MAX_EXPR_DEPTH = 64
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+# The largest finite float32: float constants past it would be inf in a kernel.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def builtin_names(role: Role) -> tuple[str, ...]:

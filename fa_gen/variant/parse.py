@@ -399,6 +399,14 @@ class _Builder:
         return a, b, Type.INT
 
     def check_root(self, root: Node) -> None:
+        for node in walk(root):
+            # Kernels compute in float32: a constant it cannot hold would be inf there (and
+            # inf - inf a NaN in the softmax), where the float64 reference stays finite.
+            if isinstance(node, Const) and node.type is Type.FLOAT and not abs(node.value) <= lang.FLOAT32_MAX:
+                raise self.error(node, f"the constant {node.value!r} ('{self.snippet(node)}') is not a finite float32 "
+                                       f"(at most {lang.FLOAT32_MAX:.6g} in magnitude)")
+            if isinstance(node, Binary) and node.op == "/" and isinstance(node.right, Const) and node.right.value == 0:
+                raise self.error(node, f"'{self.snippet(node)}' divides by zero")
         if self.role is Role.MASK:
             if root.type is not Type.BOOL:
                 raise self.error(root, f"a mask must be a condition (e.g. kv_idx <= q_idx); "
