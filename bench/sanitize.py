@@ -1,0 +1,187 @@
+"""Every kernel kind once, at odd shapes, for compute-sanitizer (issue: hardening).
+
+    python bench/sanitize.py --list                         # the cases
+    python bench/sanitize.py [CASE ...]                     # run them (and check the results)
+    compute-sanitizer --tool memcheck python bench/sanitize.py [CASE ...]
+    python bench/sanitize.py --tools [CASE ...]             # every tool in turn: one summary line each
+
+Each case builds its inputs, launches its kernel(s) once and checks the result against the
+float64 reference (a wrong answer fails the case, sanitizer or not). Kernels are compiled before
+the sanitized run (--tools runs the cases once unsanitized first; a warm FA_GEN_CACHE_DIR does the
+same): compute-sanitizer slows the JIT as much as the kernels. Cases: the fixed-length forward (and its short-sequence kind), the backward,
+varlen forward and backward, split-KV + combine (GQA-packed), the paged KV-cache call with an
+append, expression specs with tensor inputs (ALiBi slopes, sink logits), a padded head dim, and
+the dropout forward and backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fa_gen  # noqa: E402
+from fa_gen.check import compare  # noqa: E402
+from fa_gen.runtime import resolve_spec  # noqa: E402
+from fa_gen.spec_load import load_spec  # noqa: E402
+
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+
+
+def _randn(*shape, dtype=torch.bfloat16, seed=0) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, generator=g, device="cuda").to(dtype)
+
+
+def _dtype(spec) -> torch.dtype:
+    return torch.bfloat16 if spec.dtype.value == "bf16" else torch.float16
+
+
+def fixed_forward(spec="causal_bf16_d128", b=2, sq=333, sk=517, hq=6, hkv=2):
+    spec = resolve_spec(spec)
+    d, dv, dt = spec.head_dim_qk, spec.head_dim_v, _dtype(spec)
+    q, k, v = _randn(b, sq, hq, d, dtype=dt, seed=1), _randn(b, sk, hkv, d, dtype=dt, seed=2), \
+        _randn(b, sk, hkv, dv, dtype=dt, seed=3)
+    out, lse = fa_gen.attention(q, k, v, spec)
+    return compare(spec, q, k, v, out, lse).ok
+
+
+def backward(spec="causal_bf16_d128"):
+    spec = resolve_spec(spec)
+    q, k, v = (_randn(2, 211, 4, d, dtype=_dtype(spec), seed=i).requires_grad_()
+               for i, d in enumerate((spec.head_dim_qk, spec.head_dim_qk, spec.head_dim_v)))
+    out, _ = fa_gen.attention(q, k, v, spec)
+    out.float().square().sum().backward()
+    return all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def varlen(spec="causal_bf16_d128", grad=True):
+    spec = resolve_spec(spec)
+    lengths = [(37, 120), (0, 5), (200, 90), (1, 1)]
+    cq = torch.tensor([0] + [sum(a for a, _ in lengths[:i + 1]) for i in range(4)], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0] + [sum(b for _, b in lengths[:i + 1]) for i in range(4)], dtype=torch.int32, device="cuda")
+    q = _randn(int(cq[-1]), 4, spec.head_dim_qk, seed=4).requires_grad_(grad)
+    k = _randn(int(ck[-1]), 2, spec.head_dim_qk, seed=5).requires_grad_(grad)
+    v = _randn(int(ck[-1]), 2, spec.head_dim_v, seed=6).requires_grad_(grad)
+    out, lse = fa_gen.attention_varlen(q, k, v, cq, ck, 200, 120, spec)
+    ok = True
+    for i, (sq, sk) in enumerate(lengths):
+        if sq:
+            rows, keys = slice(int(cq[i]), int(cq[i + 1])), slice(int(ck[i]), int(ck[i + 1]))
+            ok &= compare(spec, q.detach()[rows][None], k.detach()[keys][None], v.detach()[keys][None],
+                          out.detach()[rows][None], lse[:, rows][None]).ok
+    if grad:
+        out.float().square().sum().backward()
+    return ok
+
+
+def split_decode(spec="full_bf16_d128"):
+    from fa_gen.inference import forward_split
+
+    spec = resolve_spec(spec)
+    q, k, v = _randn(3, 1, 8, 128, seed=7), _randn(3, 3001, 2, 128, seed=8), _randn(3, 3001, 2, 128, seed=9)
+    out, lse = forward_split(spec, q, k, v, num_splits=7, pack_gqa=True)
+    return compare(spec, q, k, v, out, lse).ok
+
+
+def paged_append(spec="causal_bf16_d128"):
+    spec = resolve_spec(spec)
+    page, pages, batch = 16, 40, 3
+    k_cache, v_cache = _randn(pages, page, 2, 128, seed=10), _randn(pages, page, 2, 128, seed=11)
+    table = torch.randperm(pages, device="cuda")[:batch * 12].view(batch, 12).to(torch.int32)
+    lengths = torch.tensor([0, 17, 170], dtype=torch.int32, device="cuda")
+    q, k_new, v_new = _randn(batch, 2, 8, 128, seed=12), _randn(batch, 2, 2, 128, seed=13), _randn(batch, 2, 2, 128, seed=14)
+    out, lse = fa_gen.attention_with_kvcache(q, k_cache, v_cache, lengths, spec, k_new=k_new, v_new=v_new,
+                                             page_table=table)
+    return bool(torch.isfinite(out).all())
+
+
+def expression(spec="alibi"):
+    spec = resolve_spec(spec)
+    heads = 4
+    inputs = {d.name: (torch.rand(heads, device="cuda") if not d.is_scalar else 8.0) for d in spec.inputs}
+    q, k, v = _randn(1, 157, heads, 128, seed=15), _randn(1, 211, heads, 128, seed=16), _randn(1, 211, heads, 128, seed=17)
+    out, lse = fa_gen.attention(q, k, v, spec, inputs=inputs or None)
+    return compare(spec, q, k, v, out, lse, inputs or None).ok
+
+
+def padded_head_dim():
+    spec = load_spec({"name": "sanitize_q80", "dtype": "bf16", "head_dim": 80, "mask": "causal"})
+    return fixed_forward(spec) and backward(spec)
+
+
+def dropout():
+    from fa_gen.dropout import backward_dropout, forward_dropout
+
+    spec = resolve_spec("causal_bf16_d128")
+    q, k, v = _randn(2, 199, 4, 128, seed=18), _randn(2, 233, 2, 128, seed=19), _randn(2, 233, 2, 128, seed=20)
+    out, lse = forward_dropout(spec, q, k, v, 0.2, 7, 0)
+    grads = backward_dropout(spec, torch.ones_like(out), q, k, v, out, lse, 0.2, 7, 0)
+    return all(torch.isfinite(t).all() for t in (out, *grads))
+
+
+CASES = {
+    "fixed_forward": fixed_forward,
+    # Causal d64 up to 1k keys takes Hopper's short-sequence forward kind.
+    "short_forward": lambda: fixed_forward("causal_fp16_d64", sq=300, sk=300),
+    "backward": backward,
+    "varlen": varlen,
+    "split_decode": split_decode,
+    "paged_append": paged_append,
+    "alibi_supplied": lambda: expression("alibi_supplied"),
+    "sink_logit": lambda: expression("sink_logit"),
+    "padded_head_dim": padded_head_dim,
+    "dropout": dropout,
+}
+
+
+def run_tools(cases: list[str], out_dir: Path) -> int:
+    """Every tool over the cases (kernels already compiled); one summary line per tool."""
+    failed = 0
+    for tool in TOOLS:
+        log = out_dir / f"sanitize-{tool}.log"
+        command = ["compute-sanitizer", "--tool", tool, "--print-limit", "50", sys.executable, __file__, *cases]
+        start = time.time()
+        result = subprocess.run(command, capture_output=True, text=True)
+        log.write_text(result.stdout + result.stderr)
+        summary = next((line for line in reversed((result.stdout + result.stderr).splitlines())
+                        if "ERROR SUMMARY" in line), f"no summary (rc {result.returncode})")
+        print(f"{tool}: {summary.strip()} ({time.time() - start:.0f} s, rc {result.returncode})", flush=True)
+        failed += result.returncode != 0
+    return failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*", help="cases to run (default: all)")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--tools", action="store_true", help="run every compute-sanitizer tool over the cases")
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    args = parser.parse_args()
+    cases = args.cases or list(CASES)
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    if args.tools:
+        for name in cases:  # compile (and check) outside the sanitizer first
+            CASES[name]()
+        return run_tools(cases, Path(args.out))
+    bad = [name for name in cases if not CASES[name]()]
+    torch.cuda.synchronize()
+    print("wrong results:", ", ".join(bad) if bad else "none", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
