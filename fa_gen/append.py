@@ -17,8 +17,7 @@ import functools
 
 import torch
 
-from .backends import get_backend
-from .cache import CacheKey, default_cache
+from .helper_kernels import load_helper_kernel
 from .render import environment
 from .runtime import current_arch
 from .version import __version__
@@ -37,14 +36,9 @@ def render_append(dtype: torch.dtype, head_dim_k: int, head_dim_v: int, rows: st
 @functools.lru_cache(maxsize=None)
 def append_kernel(dtype: torch.dtype, head_dim_k: int, head_dim_v: int, rows: str, arch: str):
     """The compiled append for (dtype, head dims, row lookup) on `arch`, from the cache or built."""
-    backend = get_backend("cute_dsl")
     source = render_append(dtype, head_dim_k, head_dim_v, rows)
-    uri = f"append_kv_{_DTYPES[dtype]}_k{head_dim_k}_v{head_dim_v}_{rows}"
-    key = CacheKey.for_source(uri=uri, arch=arch, kind="append_kv", source=source,
-                              fields={"backend": "cute_dsl", "options": backend.compile_options(arch)})
-    return default_cache().get_or_build(
-        key, source, build=lambda text, path: backend.compile_to_object(text, arch, path, label="append_kv"),
-        load=backend.load_object)
+    return load_helper_kernel(source, f"append_kv_{_DTYPES[dtype]}_k{head_dim_k}_v{head_dim_v}_{rows}", "append_kv",
+                              arch)
 
 
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,

@@ -19,9 +19,8 @@ import math
 
 import torch
 
-from .backends import get_backend
-from .cache import CacheKey, default_cache
 from .errors import InputError
+from .helper_kernels import load_helper_kernel
 from .render import environment
 from .runtime import current_arch
 from .version import __version__
@@ -76,14 +75,9 @@ def _has_pdl(arch: str) -> bool:
 def combine_kernel(head_dim: int, dtype: torch.dtype, arch: str, in_dtype: torch.dtype = torch.float32,
                    slices: int = 1):
     """The compiled combine for (head_dim, dtype, in_dtype, slices) on `arch`, from the cache or built."""
-    backend = get_backend("cute_dsl")
     source = render_combine(head_dim, dtype, in_dtype, slices, pdl=_has_pdl(arch))
-    uri = f"combine_d{head_dim}_{_DTYPES[in_dtype]}_{_DTYPES[dtype]}_s{slices}"
-    key = CacheKey.for_source(uri=uri, arch=arch, kind="combine", source=source,
-                              fields={"backend": "cute_dsl", "options": backend.compile_options(arch)})
-    return default_cache().get_or_build(
-        key, source, build=lambda text, path: backend.compile_to_object(text, arch, path, label="combine"),
-        load=backend.load_object)
+    return load_helper_kernel(source, f"combine_d{head_dim}_{_DTYPES[in_dtype]}_{_DTYPES[dtype]}_s{slices}",
+                              "combine", arch)
 
 
 def combine_splits(o_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
