@@ -426,6 +426,17 @@ def varlen_check(cell: VarlenCell, inputs: VarlenInputs, lengths: list[int]) -> 
 
 # ---- cells run ------------------------------------------------------------------------------
 
+def seeded_decode_inputs(cell: DecodeCell, seed: int = 0):
+    """(resolved fa_gen spec, q, k, v) of a decode cell from a seeded generator (the sweeps)."""
+    from fa_gen.runtime import resolve_spec
+
+    dtype = TORCH_DTYPES[cell.dtype]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(cell.batch, 1, cell.heads_q, cell.head_dim, generator=g, device="cuda").to(dtype)
+    k = torch.randn(cell.batch, cell.seqlen_k, cell.heads_kv, cell.head_dim, generator=g, device="cuda").to(dtype)
+    return resolve_spec(fa_gen_spec(False, cell.dtype, cell.head_dim)), q, k, torch.randn_like(k)
+
+
 def run_decode_cell(cell: DecodeCell, impls: list[str], timer: Timer, copy_gbps: float, device="cuda") -> dict:
     dtype = TORCH_DTYPES[cell.dtype]
 

@@ -55,12 +55,7 @@ def main():
     print("copy GB/s", round(copy["gbps"]), flush=True)
     results = {"copy": copy, "cells": []}
     for cell in CELLS:
-        spec = resolve_spec(bd.fa_gen_spec(False, cell.dtype, cell.head_dim))
-        dt = bd.TORCH_DTYPES[cell.dtype]
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(cell.batch, 1, cell.heads_q, cell.head_dim, generator=g, device="cuda").to(dt)
-        k = torch.randn(cell.batch, cell.seqlen_k, cell.heads_kv, cell.head_dim, generator=g, device="cuda").to(dt)
-        v = torch.randn_like(k)
+        spec, q, k, v = bd.seeded_decode_inputs(cell)
         ref, _ = attention_reference(q[:1], k[:1], v[:1], spec, torch.float32)
         for tname in TILES:
             _patch(tname)

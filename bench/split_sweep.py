@@ -8,7 +8,6 @@ sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "b
 import torch
 import bench_decode as bd
 import fa_gen.inference as inf
-from fa_gen.runtime import resolve_spec
 
 CELLS = [c for c in bd.DECODE_CELLS if not os.environ.get("CELLS") or c.name in os.environ["CELLS"].split(",")]
 SPLITS = [int(s) for s in os.environ.get("SPLITS", "1,2,3,4,6,8,16,24,32,33,48,64,66,99").split(",")]
@@ -21,12 +20,7 @@ def main():
     print("copy GB/s", round(copy["gbps"]), flush=True)
     rows = []
     for cell in CELLS * ROUNDS:
-        spec = resolve_spec(bd.fa_gen_spec(False, cell.dtype, cell.head_dim))
-        dt = bd.TORCH_DTYPES[cell.dtype]
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(cell.batch, 1, cell.heads_q, cell.head_dim, generator=g, device="cuda").to(dt)
-        k = torch.randn(cell.batch, cell.seqlen_k, cell.heads_kv, cell.head_dim, generator=g, device="cuda").to(dt)
-        v = torch.randn_like(k)
+        spec, q, k, v = bd.seeded_decode_inputs(cell)
         cudnn = bd.sdpa("CUDNN_ATTENTION", q, k, v)
         ref = cudnn().float()
         row = {"cell": cell.name, "impl": "sdpa_cudnn", "ms": timer.median_ms(cudnn)}
