@@ -161,7 +161,6 @@ def test_varlen_shapes_and_int64_cu_seqlens():
 
 
 @pytest.mark.parametrize("call, argument", [
-    (lambda q: fa_gen.flash_attn_func(q, q, q, dropout_p=0.1), "dropout_p=0.1"),
     (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(-1, 5)), "window_size=(-1, 5)"),
     (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(3,)), "window_size=(3,)"),
     (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(-2, 0)), "window_size=(-2, 0)"),
@@ -374,3 +373,30 @@ def test_spec_mapping_is_a_valid_yaml_shape():
     assert fields["mask"] == {"kind": "sliding_window", "left": 10, "right": 0}
     assert fields["score_mod"]["expr"].startswith("softcap * tanh(score / softcap) - slopes[h]")
     assert flash_spec(config) is flash_spec(config)
+
+
+def test_dropout_p_reaches_the_dropout_attention(monkeypatch):
+    """flash_attn_func / flash_attn_varlen_func hand dropout_p to fa_gen.api.dropout (which draws
+    the mask on the GPU; tests/test_gpu_dropout.py runs it)."""
+    import sys
+
+    # fa_gen.api exports functions of these names: reach the modules themselves.
+    api_attention, api_varlen = sys.modules["fa_gen.api.attention"], sys.modules["fa_gen.api.varlen"]
+
+    seen = []
+    monkeypatch.setattr(api_attention, "attention_dropout",
+                        lambda q, k, v, spec, p, deterministic, inputs: seen.append(("fixed", p)) or (q, q[..., 0]))
+    monkeypatch.setattr(api_varlen, "attention_varlen_dropout",
+                        lambda q, k, v, cq, ck, mq, mk, spec, p, det, inputs: seen.append(("varlen", p)) or (q, q[..., 0]))
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
+    fa_gen.flash_attn_func(q, q, q, dropout_p=0.1, causal=True)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, dropout_p=0.25)
+    assert seen == [("fixed", 0.1), ("varlen", 0.25)]
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, "0.1", True])
+def test_dropout_p_out_of_range_is_an_input_error(p):
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="dropout_p"):
+        fa_gen.flash_attn_func(q, q, q, dropout_p=p)

@@ -163,3 +163,34 @@ def test_varlen_dropout_per_sequence():
             for name, g_all, span, r, pt in zip(("dq", "dk", "dv"), grads, (rows, keys, keys), exact, rounded):
                 tol = 2 * _max_abs(pt.double() - r) + two_roundings(r, dtype)
                 assert _max_abs(g_all[span][None].double() - r) <= tol, f"{spec.name} sequence {b} {name}"
+
+
+def test_public_dropout_draws_from_the_torch_generator_and_differentiates():
+    """fa_gen.attention(..., dropout_p=p): the mask of (torch's seed, its offset before the call),
+    a fresh one on the next call, the same run after torch.manual_seed; gradients against the
+    reference under that mask."""
+    import fa_gen
+
+    spec = SPECS[0]
+    g = torch.Generator(device="cuda").manual_seed(23)
+    q, k, v = (t.requires_grad_() for t in _draw(spec, g, 2, 150, 170, 4, 2))
+    dout = torch.randn(q.shape[:3] + (spec.head_dim_v,), generator=g, device="cuda").to(q.dtype)
+    torch.manual_seed(1234)
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    draw = Dropout(0.2, generator.initial_seed(), generator.get_offset())
+    out, _ = fa_gen.attention(q, k, v, spec, dropout_p=0.2)
+    out.backward(dout)
+    ref = attention_reference(q.detach(), k.detach(), v.detach(), spec, dropout=draw)[0]
+    same = attention_same_precision(q.detach(), k.detach(), v.detach(), spec, dropout=draw)
+    tol = 2 * (same.double() - ref).abs().max().item() + _rounding_floor(ref, q.dtype)
+    assert (out.detach().double() - ref).abs().max().item() <= tol
+    exact = _autograd(lambda *t: attention_reference(*t, spec, dropout=draw)[0],
+                      (q.detach().double(), k.detach().double(), v.detach().double()), dout.double())
+    rounded = _autograd(lambda *t: attention_same_precision(*t, spec, dropout=draw),
+                        (q.detach(), k.detach(), v.detach()), dout)
+    for name, x, r, pt in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), exact, rounded):
+        assert _max_abs(x.double() - r) <= 2 * _max_abs(pt.double() - r) + two_roundings(r, q.dtype), name
+    again, _ = fa_gen.attention(q, k, v, spec, dropout_p=0.2)
+    assert not torch.equal(again, out)  # the generator moved on
+    torch.manual_seed(1234)
+    assert torch.equal(fa_gen.attention(q, k, v, spec, dropout_p=0.2)[0], out)  # the same run again

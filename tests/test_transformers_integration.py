@@ -26,8 +26,9 @@ transformers = pytest.importorskip("transformers", minversion="5.0")
 
 def _reference_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, learnable_sink=None, **_):
-    """flash_attn_func's stand-in: the float64 reference of the Spec flash_attn_func builds."""
-    flash_attn._refuse_dropout(dropout_p)
+    """flash_attn_func's stand-in: the float64 reference of the Spec flash_attn_func builds (the
+    models here run without attention dropout)."""
+    assert dropout_p == 0.0, "the reference stand-in draws no dropout mask"
     shaped = torch.empty(q.shape, dtype=torch.bfloat16, device="meta")  # the spec's dtype is a label here
     key, inputs = flash_attn._spec_and_inputs(shaped, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                               learnable_sink, heads=q.shape[2], batch=q.shape[0])
@@ -284,11 +285,13 @@ def test_window_size_follows_transformers():
     assert fa_hf.window_size(4096) == (4095, 4095)
 
 
-def test_dropout_and_4d_masks_are_refused(calls):
+def test_dropout_reaches_the_flash_call_and_4d_masks_are_refused(monkeypatch):
     module = torch.nn.Module()
     q = torch.randn(1, 4, 6, 64)
-    with pytest.raises(UnsupportedError, match="dropout_p=0.1"):
-        fa_hf.attention_forward(module, q, q, q, None, dropout=0.1)
+    seen = {}
+    monkeypatch.setattr(fa_hf, "flash_attn_func", lambda *a, **options: seen.update(options) or a[0])
+    fa_hf.attention_forward(module, q, q, q, None, dropout=0.1)
+    assert seen["dropout_p"] == 0.1  # training dropout, as the module hands it over
     with pytest.raises(UnsupportedError, match="4-D attention_mask"):
         fa_hf.attention_forward(module, q, q, q, torch.ones(1, 1, 6, 6, dtype=torch.bool))
 

@@ -10,10 +10,11 @@ from .. import autograd
 from ..autograd import _inputs_as_lists, _refuse_gradients, attention_forward, differentiable_input_names
 from ..autograd import refuse_missing_backward, returns_lse, spec_from_key
 from ..spec import Spec
+from .dropout import attention_dropout, check_dropout_p
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike,
-              deterministic: bool | None = None, inputs=None):
+              deterministic: bool | None = None, inputs=None, dropout_p: float = 0.0):
     """Differentiable attention: `out, lse = fa_gen.attention(q, k, v, spec="causal_bf16_d128")`
     (or `out` when the spec has return_lse false). Traceable by torch.compile(fullgraph=True):
     it goes through the `fa_gen::attention_forward` custom op (fa_gen.autograd); decode-shaped
@@ -24,6 +25,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
     None follows `torch.are_deterministic_algorithms_enabled()`.
     inputs: name -> tensor or number for the spec's declared inputs. Float tensors read by the
     sink expression alone may require grad (they get one); any other that does is an error.
+    dropout_p: attention dropout (fa_gen.api.dropout): each probability dropped with probability
+    p, the kept ones scaled by 1 / (1 - p), the mask drawn from PyTorch's CUDA generator; eager
+    calls only, gradients to q, k and v.
     """
     # A Spec's key is a field read (a constant under torch.compile); passing the Spec object to
     # spec_key would make torch.compile reconstruct it, which torch 2.11 cannot do.
@@ -31,6 +35,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     declared = spec_from_key(key)
+    if check_dropout_p(dropout_p) > 0:
+        out, lse = attention_dropout(q, k, v, declared, float(dropout_p), bool(deterministic), inputs)
+        return (out, lse) if declared.return_lse else out
     tensors, scalars = _inputs_as_lists(declared, inputs) if inputs or declared.inputs else ([], [])
     if torch.is_grad_enabled():
         decls = [d for d in declared.inputs if not d.is_scalar]

@@ -33,11 +33,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """FlashAttention's flash_attn_func: q (batch, seqlen_q, heads, d), k/v (batch, seqlen_k, heads_kv, d)
     -> out (batch, seqlen_q, heads, d_v); with return_attn_probs (out, lse, None), with return_lse
     (out, lse); lse (batch, heads, seqlen_q) float32. Differentiable (also in learnable_sink)."""
-    _refuse_dropout(dropout_p)
     _check_qkv(q, k, v, "(batch, seqlen, heads, head_dim)")
     key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                    learnable_sink, heads=q.shape[2], batch=q.shape[0])
-    out, lse = attention(q, k, v, spec_from_key(key), _deterministic(deterministic), inputs)
+    out, lse = attention(q, k, v, spec_from_key(key), _deterministic(deterministic), inputs, dropout_p=dropout_p)
     return _results(out, lse, return_attn_probs, return_lse)
 
 
@@ -49,7 +48,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     k/v (total_k, heads_kv, d), cu_seqlens_* (batch + 1) int32; lse (heads, total_q). Masks align
     per sequence (bottom-right); learnable_sink (heads,) enters every sequence's softmax.
     Differentiable (also in learnable_sink)."""
-    _refuse_dropout(dropout_p)
     if block_table is not None:
         raise UnsupportedError("block_table in flash_attn_varlen_func", [
             "paged K/V are served by flash_attn_with_kvcache(..., block_table=...)"])
@@ -57,13 +55,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                    learnable_sink, heads=q.shape[1], batch=None)
     sinks = None if inputs is None else inputs.get("sinks")
+    if dropout_p and sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
+        raise UnsupportedError(f"learnable_sink that requires grad with dropout_p={dropout_p}", [
+            "with dropout the varlen backward gives dq, dk and dv only; detach learnable_sink"])
     if sinks is not None:  # the kernel reads them; their gradient is taken here (the varlen backward has none)
         inputs["sinks"] = sinks.detach()
     cu_seqlens_q = _int32(cu_seqlens_q)
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, _int32(cu_seqlens_k), int(max_seqlen_q),
                                 int(max_seqlen_k), spec_from_key(key),
                                 seqused_k=None if seqused_k is None else _int32(seqused_k),
-                                deterministic=_deterministic(deterministic), inputs=inputs)
+                                deterministic=_deterministic(deterministic), inputs=inputs, dropout_p=dropout_p)
     if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
         out = _VarlenSinkGradient.apply(out, lse, sinks, cu_seqlens_q)
     return _results(out, lse, return_attn_probs, return_lse)
@@ -199,13 +200,6 @@ def _check_qkv(q, k, v, layout: str) -> None:
             raise InputError(f"{name} must be a {dims}-D tensor {layout}; got {shown}")
     if not q.dtype == k.dtype == v.dtype:
         raise InputError(f"q, k and v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-
-
-def _refuse_dropout(dropout_p) -> None:
-    if dropout_p:
-        raise UnsupportedError(f"dropout_p={dropout_p}", [
-            "attention dropout is not implemented in fa_gen yet; pass 0.0 (in transformers: model.eval(), "
-            "or attention_dropout=0.0 in the config)"])
 
 
 def _deterministic(flag) -> bool | None:
