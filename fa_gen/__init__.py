@@ -18,11 +18,11 @@ def build(spec, arch=None, family=None):
     return _build(spec, arch, family)
 
 
-def attention(q, k, v, spec, deterministic=None, inputs=None):
+def attention(q, k, v, spec, deterministic=None, inputs=None, dropout_p=0.0):
     """`out, lse = attention(q, k, v, spec)`, differentiable; see `fa_gen.api.attention`."""
     from .api import attention as _attention
 
-    return _attention(q, k, v, spec, deterministic, inputs)
+    return _attention(q, k, v, spec, deterministic, inputs, dropout_p)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options):

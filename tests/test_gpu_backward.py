@@ -98,14 +98,16 @@ def _rounding_floor(ref: torch.Tensor, dtype: torch.dtype) -> float:
     return 2 * float((x + 0.3 - 0.3 - x).abs().max().item()) if x.numel() else 0.0
 
 
-def _rounded_o_effect(q, k, v, dout, spec, inputs=None) -> dict:
+def _rounded_o_effect(q, k, v, dout, spec, inputs=None, dropout=None) -> dict:
     """How far the float64 gradients move when D = rowsum(dO * O) uses O rounded to q.dtype.
 
     FlashAttention's backward (ours too) computes D from the stored output, which is rounded
     to the input dtype; PyTorch's autograd never does, so its error cannot stand for this
     one. Found on the H200: fp16, sq=129, sk=2, causal, where dq/dk erred ~2 ulp by it alone.
     Under a score mod, dS carries its derivative (taken here by autograd through the reference's
-    logits); a sink logit enters through the LSE.
+    logits); a sink logit enters through the LSE. Under `dropout` (a fa_gen.philox.Dropout) the
+    output and dP take the mask's factors (0 or 1 / (1 - p)) and dS the undropped P, as the
+    kernel's do; there O = (1 / (1 - p)) V rounds even where P = 1.
     """
     qd, kd, vd, dod = (t.double() for t in (q, k, v, dout))
     group = q.shape[2] // k.shape[2]
@@ -127,8 +129,10 @@ def _rounded_o_effect(q, k, v, dout, spec, inputs=None) -> dict:
     if sink is not None:
         lse = torch.logaddexp(lse, sink.detach().unsqueeze(-1))
     probs = torch.exp(logits - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse))
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, vx)
-    dprobs = torch.einsum("bqhd,bkhd->bhqk", dod, vx)
+    factors = 1.0 if dropout is None or dropout.p == 0 else dropout.scale(*probs.shape, device=probs.device,
+                                                                          dtype=probs.dtype)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs * factors, vx)
+    dprobs = torch.einsum("bqhd,bkhd->bhqk", dod, vx) * factors
 
     def grads(o):
         row_dot = (dod * o).sum(-1).permute(0, 2, 1).unsqueeze(-1)   # D: (b, h, sq, 1)

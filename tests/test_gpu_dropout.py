@@ -23,7 +23,7 @@ from fa_gen.philox import Dropout
 from fa_gen.reference import attention_reference, attention_same_precision
 from fa_gen.runtime import resolve_spec
 from fa_gen.spec_load import load_spec
-from tests.test_gpu_backward import _autograd, _max_abs, _rounding_floor as two_roundings
+from tests.test_gpu_backward import _autograd, _max_abs, _rounded_o_effect, _rounding_floor as two_roundings
 
 pytestmark = [
     pytest.mark.gpu,
@@ -108,7 +108,9 @@ def test_keep_rate_and_unbiased_output():
 def test_dropout_backward_matches_reference(data, seed, offset):
     """dq, dk, dv of forward_dropout through backward_dropout (the mask regenerated) against
     float64 autograd through the reference under the same mask; tolerance as the backward
-    suite derives it (twice the same-precision autograd error plus two roundings)."""
+    suite derives it (twice the same-precision autograd error, two roundings, and what D =
+    rowsum(dO * O) moves by over O rounded to the input dtype: under dropout O = V / (1 - p)
+    rounds even where one key is visible, which made dq 1.2e-2 off at sq = sk = 1 on the H100)."""
     spec = data.draw(st.sampled_from(SPECS), label="spec")
     p = data.draw(st.sampled_from((0.1, 0.5)), label="p")
     deterministic = data.draw(st.booleans(), label="deterministic")
@@ -123,8 +125,9 @@ def test_dropout_backward_matches_reference(data, seed, offset):
     ref = _autograd(lambda *t: attention_reference(*t, spec, inputs=inputs, dropout=drop)[0],
                     (q.double(), k.double(), v.double()), dout.double())
     same = _autograd(lambda *t: attention_same_precision(*t, spec, inputs=inputs, dropout=drop), (q, k, v), dout)
+    rounded_o = _rounded_o_effect(q, k, v, dout, spec, inputs, dropout=drop)
     for name, x, r, pt in zip(("dq", "dk", "dv"), got, ref, same):
-        tol = 2 * _max_abs(pt.double() - r) + two_roundings(r, q.dtype)
+        tol = 2 * _max_abs(pt.double() - r) + two_roundings(r, q.dtype) + rounded_o[name]
         err = _max_abs(x.double() - r)
         assert torch.isfinite(x).all() and err <= tol, f"{spec.name} p={p} {name}: {err:.3e} > {tol:.3e}"
 
@@ -160,8 +163,9 @@ def test_varlen_dropout_per_sequence():
             exact = _autograd(lambda *t: attention_reference(*t, spec, dropout=drop)[0],
                               tuple(t.double() for t in parts), dout[rows][None].double())
             rounded = _autograd(lambda *t: attention_same_precision(*t, spec, dropout=drop), parts, dout[rows][None])
+            rounded_o = _rounded_o_effect(*parts, dout[rows][None], spec, dropout=drop)
             for name, g_all, span, r, pt in zip(("dq", "dk", "dv"), grads, (rows, keys, keys), exact, rounded):
-                tol = 2 * _max_abs(pt.double() - r) + two_roundings(r, dtype)
+                tol = 2 * _max_abs(pt.double() - r) + two_roundings(r, dtype) + rounded_o[name]
                 assert _max_abs(g_all[span][None].double() - r) <= tol, f"{spec.name} sequence {b} {name}"
 
 
@@ -188,8 +192,10 @@ def test_public_dropout_draws_from_the_torch_generator_and_differentiates():
                       (q.detach().double(), k.detach().double(), v.detach().double()), dout.double())
     rounded = _autograd(lambda *t: attention_same_precision(*t, spec, dropout=draw),
                         (q.detach(), k.detach(), v.detach()), dout)
+    rounded_o = _rounded_o_effect(q.detach(), k.detach(), v.detach(), dout, spec, dropout=draw)
     for name, x, r, pt in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), exact, rounded):
-        assert _max_abs(x.double() - r) <= 2 * _max_abs(pt.double() - r) + two_roundings(r, q.dtype), name
+        tol = 2 * _max_abs(pt.double() - r) + two_roundings(r, q.dtype) + rounded_o[name]
+        assert _max_abs(x.double() - r) <= tol, name
     again, _ = fa_gen.attention(q, k, v, spec, dropout_p=0.2)
     assert not torch.equal(again, out)  # the generator moved on
     torch.manual_seed(1234)
