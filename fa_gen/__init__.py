@@ -60,6 +60,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, *args, **kwargs):
     return _function(q, k_cache, v_cache, *args, **kwargs)
 
 
+def mla_decode(q, kv_cache, cache_seqlens, spec, block_table=None, num_splits=None, arch=None):
+    """`out, lse = mla_decode(q, kv_cache, cache_seqlens, spec)`: MLA decode (q/k 576, v the
+    cache's first 512 columns), contiguous or paged (block_table); see `fa_gen.mla`."""
+    from .api import mla_decode as _mla_decode
+
+    return _mla_decode(q, kv_cache, cache_seqlens, spec, block_table, num_splits, arch)
+
+
 def merge_attention_states(outs, lses):
     """`out, lse = merge_attention_states(outs, lses)`: merge partial results by LSE; see `fa_gen.combine`."""
     from .api import merge_attention_states as _merge
@@ -80,5 +88,6 @@ __all__ = [
     "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
     "SpecError", "UnsupportedError", "attention", "attention_varlen", "attention_with_kvcache", "build",
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "load_spec", "merge_attention_states",
+    "mla_decode",
     "__version__",
 ]

@@ -119,7 +119,15 @@ def _head_dim() -> dict:
             "v": {"$ref": "#/$defs/head_dim_value", "description": "Head dimension of v and the output."},
         },
     }
-    return {"oneOf": [both, split],
+    qk, v = spec_load.MLA_HEAD_DIMS
+    mla = {
+        "type": "object",
+        "required": list(spec_load.HEAD_DIM_KEYS),
+        "additionalProperties": False,
+        "properties": {"qk": {"const": qk}, "v": {"const": v}},
+        "description": "Multi-head latent attention (MLA decode): 512 latent + 64 rope columns, v the latent.",
+    }
+    return {"oneOf": [both, split, mla],
             "description": "One head dimension for q, k and v, or {qk: ..., v: ...} when v differs."}
 
 

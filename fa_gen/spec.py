@@ -62,6 +62,10 @@ def spec_by_key(key: str) -> "Spec | None":
     return _BY_KEY.get(key)
 
 
+# Multi-head latent attention (DeepSeek MLA decode, fa_gen.mla): q and k hold 512 latent + 64
+# rope columns, v the latent 512 of the same cache.
+MLA_HEAD_DIMS = (576, 512)
+
 @dataclass(frozen=True)
 class Spec:
     """One attention variant. Construct through `spec_load.load_spec` or `Spec.create`.

@@ -32,7 +32,7 @@ from .errors import SpecError
 from .spec_text import did_you_mean as _did_you_mean, is_int as _is_int, not_allowed as _not_allowed
 from .spec_text import show as _show, show_typed as _show_typed, type_name as _type_name
 from .families import REGISTRY
-from .spec import Alignment, DType, MaskKind, Spec
+from .spec import MLA_HEAD_DIMS, Alignment, DType, MaskKind, Spec
 from .variant import spec_fields
 from .variant.language import Role
 
@@ -47,6 +47,7 @@ NAME_PATTERN = r"[a-z0-9_]+"
 HEAD_DIM_MIN, HEAD_DIM_MAX, HEAD_DIM_MULTIPLE = 8, 256, 8
 
 _HEAD_DIM_ALLOWED = f"a multiple of {HEAD_DIM_MULTIPLE} from {HEAD_DIM_MIN} to {HEAD_DIM_MAX}"
+# MLA_HEAD_DIMS (fa_gen.spec): the one pair past HEAD_DIM_MAX, written {qk: 576, v: 512}.
 
 
 # --- public entry points ---------------------------------------------------------------------
@@ -295,7 +296,10 @@ def _head_dims(top: _Node) -> tuple[int, int]:
     if isinstance(value, Mapping):
         node = top.child("head_dim")
         node.check_keys(HEAD_DIM_KEYS, HEAD_DIM_KEYS)
-        return _head_dim_value(node, "qk"), _head_dim_value(node, "v")
+        if (node.data.get("qk"), node.data.get("v")) == MLA_HEAD_DIMS:
+            return MLA_HEAD_DIMS
+        also = f", or {{qk: {MLA_HEAD_DIMS[0]}, v: {MLA_HEAD_DIMS[1]}}} (MLA)"
+        return _head_dim_value(node, "qk", also=also), _head_dim_value(node, "v", also=also)
     head_dim = _head_dim_value(top, "head_dim", also=", or a mapping {qk: ..., v: ...}")
     return head_dim, head_dim
 
@@ -303,7 +307,7 @@ def _head_dims(top: _Node) -> tuple[int, int]:
 def _head_dim_value(node: _Node, key, also: str = "") -> int:
     value = _expect_int(node, key, _HEAD_DIM_ALLOWED + also)
     if not (HEAD_DIM_MIN <= value <= HEAD_DIM_MAX and value % HEAD_DIM_MULTIPLE == 0):
-        raise node.error(key, f"{value} is not allowed; allowed: {_HEAD_DIM_ALLOWED}")
+        raise node.error(key, f"{value} is not allowed; allowed: {_HEAD_DIM_ALLOWED}{also}")
     return value
 
 

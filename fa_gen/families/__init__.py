@@ -2,9 +2,11 @@
 
 from .sm80 import Sm80Family
 from .sm90 import Sm90Family
+from .sm90_mla import Sm90MlaFamily
 from .sm75 import Sm75Family
 
 # Hopper first: sm90 serves sm_90a by preference; sm80 stays reachable with build(..., family="sm80").
-REGISTRY = (Sm90Family(), Sm80Family(), Sm75Family())
+# sm90_mla serves the MLA head-dim pair (576, 512) alone, which no other family takes.
+REGISTRY = (Sm90Family(), Sm80Family(), Sm90MlaFamily(), Sm75Family())
 
-__all__ = ["REGISTRY", "Sm75Family", "Sm80Family", "Sm90Family"]
+__all__ = ["REGISTRY", "Sm75Family", "Sm80Family", "Sm90Family", "Sm90MlaFamily"]
