@@ -62,9 +62,10 @@ def mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, cache_seqlens, spec, blo
         raise InputError(f"num_splits must be an int >= 1; got {splits!r}")
     q3 = _rows(q.reshape(batch, rows, spec.head_dim_qk))
     kv3 = kv_cache.select(2, 0)
-    if splits == 1:
-        o_partial = torch.empty((1, 1, 1, LATENT), dtype=torch.float32, device=q.device)
-        lse_partial = torch.empty((1, heads_q, 1), dtype=torch.float32, device=q.device)
+    if splits == 1:  # the kernel writes out and lse itself: stand-ins of the partials' shapes, no storage
+        o_partial = torch.empty((1, 1, 1, LATENT), dtype=torch.float32, device=q.device).expand(1, batch, rows, LATENT)
+        lse_partial = torch.empty((1, 1, batch * seqlen_q), dtype=torch.float32,
+                                  device=q.device).expand(1, heads_q, batch * seqlen_q)
     else:
         o_partial = torch.empty((splits, batch, rows, LATENT), dtype=torch.float32, device=q.device)
         lse_partial = torch.empty((splits, heads_q, batch * seqlen_q), dtype=torch.float32, device=q.device)
