@@ -11,7 +11,7 @@ the sanitized run (--tools runs the cases once unsanitized first; a warm FA_GEN_
 same): compute-sanitizer slows the JIT as much as the kernels. Cases: the fixed-length forward (and its short-sequence kind), the backward,
 varlen forward and backward, split-KV + combine (GQA-packed), the paged KV-cache call with an
 append, expression specs with tensor inputs (ALiBi slopes, sink logits), a padded head dim, and
-the dropout forward and backward.
+the dropout forward and backward, MLA decode (Hopper; contiguous and paged, NaN past each sequence).
 """
 
 from __future__ import annotations
@@ -128,6 +128,33 @@ def dropout():
     return all(torch.isfinite(t).all() for t in (out, *grads))
 
 
+def mla():
+    """MLA decode (Hopper), contiguous and paged, 3 splits, the cache NaN past each sequence."""
+    from fa_gen.mla import mla_decode, mla_reference
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        return True  # the kernel is Hopper's alone
+    spec = load_spec({"name": "sanitize_mla", "dtype": "bf16", "head_dim": {"qk": 576, "v": 512}, "mask": "causal",
+                      "softmax_scale": 192 ** -0.5})
+    lengths = [0, 1, 130]
+    q = _randn(3, 2, 7, 576, seed=21)
+    cache = torch.full((3, 192, 1, 576), math.nan, dtype=torch.bfloat16, device="cuda")
+    pool = torch.full((10, 64, 1, 576), math.nan, dtype=torch.bfloat16, device="cuda")
+    table = torch.randperm(10, device="cuda")[:9].view(3, 3).to(torch.int32)
+    for b, n in enumerate(lengths):
+        keys = _randn(n, 1, 576, seed=22 + b)
+        cache[b, :n] = keys
+        for p in range(-(-n // 64)):
+            pool[int(table[b, p]), :keys[p * 64:(p + 1) * 64].shape[0]] = keys[p * 64:(p + 1) * 64]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    ok = True
+    for kv, bt in ((cache, None), (pool, table)):
+        out, lse = mla_decode(q, kv, seqlens, spec, block_table=bt, num_splits=3)
+        for b, (ref, _) in enumerate(mla_reference(q, kv, lengths, spec, bt)):
+            ok &= bool(torch.isfinite(out[b]).all()) and float((out[b].double() - ref).abs().max()) < 0.05
+    return ok
+
+
 CASES = {
     "fixed_forward": fixed_forward,
     # Causal d64 up to 1k keys takes Hopper's short-sequence forward kind.
@@ -140,20 +167,22 @@ CASES = {
     "sink_logit": lambda: expression("sink_logit"),
     "padded_head_dim": padded_head_dim,
     "dropout": dropout,
+    "mla": mla,
 }
 
 
-def run_tools(cases: list[str], out_dir: Path) -> int:
-    """Every tool over the cases (kernels already compiled); one summary line per tool."""
+def run_tools(cases: list[str], out_dir: Path, tools=TOOLS) -> int:
+    """Each tool over the cases (kernels already compiled); one summary line per tool."""
     failed = 0
-    for tool in TOOLS:
+    for tool in tools:
         log = out_dir / f"sanitize-{tool}.log"
         command = ["compute-sanitizer", "--tool", tool, "--print-limit", "50", sys.executable, __file__, *cases]
         start = time.time()
         result = subprocess.run(command, capture_output=True, text=True)
         log.write_text(result.stdout + result.stderr)
         summary = next((line for line in reversed((result.stdout + result.stderr).splitlines())
-                        if "ERROR SUMMARY" in line), f"no summary (rc {result.returncode})")
+                        if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line),
+                       f"no summary (rc {result.returncode})")
         print(f"{tool}: {summary.strip()} ({time.time() - start:.0f} s, rc {result.returncode})", flush=True)
         failed += result.returncode != 0
     return failed
@@ -164,6 +193,7 @@ def main() -> int:
     parser.add_argument("cases", nargs="*", help="cases to run (default: all)")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--tools", action="store_true", help="run every compute-sanitizer tool over the cases")
+    parser.add_argument("--tool", action="append", choices=TOOLS, help="with --tools: only this tool (repeatable)")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = parser.parse_args()
     cases = args.cases or list(CASES)
@@ -176,7 +206,7 @@ def main() -> int:
     if args.tools:
         for name in cases:  # compile (and check) outside the sanitizer first
             CASES[name]()
-        return run_tools(cases, Path(args.out))
+        return run_tools(cases, Path(args.out), tuple(args.tool or TOOLS))
     bad = [name for name in cases if not CASES[name]()]
     torch.cuda.synchronize()
     print("wrong results:", ", ".join(bad) if bad else "none", flush=True)
