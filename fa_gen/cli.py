@@ -21,7 +21,7 @@ def _cmd_list(args) -> int:
 
     print("\nhead dims each family serves (qk, or qk/v; a spec takes the first family that serves it):")
     for family in REGISTRY:
-        print(f"  {family.name:5s} {','.join(family.archs):40s} {family.served_head_dims()}")
+        print(f"  {family.name:8s} {','.join(family.archs):40s} {family.served_head_dims()}")
     return 0
 
 

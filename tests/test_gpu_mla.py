@@ -134,3 +134,22 @@ def test_v_is_the_latent_part_of_the_cache():
     assert torch.equal(first, mla_decode(q, cache, 300, spec)[0])
     cache[0, 5, :, 3] += 1
     assert not torch.equal(first, mla_decode(q, cache, 300, spec)[0])
+
+
+def test_flash_mla_signature_gives_mla_decode_results():
+    """fa_gen.api.flash_mla_with_kvcache (FlashMLA's call) on a paged cache: bitwise what
+    mla_decode gives under the spec it builds, and right against the reference."""
+    from fa_gen.api import flash_mla_with_kvcache, get_mla_metadata
+
+    spec = SPECS[0]
+    g = torch.Generator(device="cuda").manual_seed(11)
+    lengths = [5, 700, 64]
+    q = torch.randn(3, 2, 16, 576, generator=g, device="cuda").to(torch.bfloat16)
+    cache, table = make_cache(spec, lengths, 704, 64, g)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    metadata, splits = get_mla_metadata(seqlens, 2 * 16, 1)
+    out, lse = flash_mla_with_kvcache(q, cache, table, seqlens, 512, metadata, splits, softmax_scale=192 ** -0.5,
+                                      causal=True)
+    want, want_lse = mla_decode(q, cache, seqlens, spec, block_table=table)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    check_sequences(spec, q, cache, table, lengths, out, lse)

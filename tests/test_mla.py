@@ -132,3 +132,32 @@ def test_splits_fill_the_gpu_from_shapes(monkeypatch):
     assert splits_for(1, 128, 65536, device) > 32            # 2 tiles: split the keys
     assert splits_for(264, 128, 8192, device) == 1           # 528 tiles: whole waves already
     assert splits_for(1, 16, 64, device) == 1                # one key tile cannot split
+
+
+def test_flash_mla_signature_maps_onto_mla_decode(monkeypatch):
+    """FlashMLA's flash_mla_with_kvcache: the spec from (dtype, causal, softmax_scale), the cache
+    and table passed through, the metadata not needed; wrong head dims are refused."""
+    import fa_gen.api.flash_mla as flash_mla
+
+    seen = {}
+    monkeypatch.setattr(flash_mla, "mla_decode", lambda q, k, seqlens, spec, block_table=None: seen.update(
+        q=q, k=k, seqlens=seqlens, spec=spec, table=block_table) or ("out", "lse"))
+    q, k = _meta(2, 2, 16, 576), _meta(9, 64, 1, 576)
+    table, seqlens = torch.zeros(2, 4, dtype=torch.int32, device="meta"), torch.zeros(2, dtype=torch.int32, device="meta")
+    metadata, splits = fa_gen.api.get_mla_metadata(seqlens, 2 * 16, 1)
+    assert fa_gen.api.flash_mla_with_kvcache(q, k, table, seqlens, 512, metadata, splits, causal=True,
+                                             softmax_scale=0.1) == ("out", "lse")
+    assert seen["q"] is q and seen["k"] is k and seen["table"] is table and seen["seqlens"] is seqlens
+    spec = seen["spec"]
+    assert (spec.head_dim_qk, spec.head_dim_v, spec.mask.value, spec.softmax_scale, spec.dtype.value) == \
+        (576, 512, "causal", 0.1, "bf16")
+    fa_gen.api.flash_mla_with_kvcache(_meta(2, 2, 16, 576, dtype=torch.float16), k, None,
+                                      seqlens, 512)
+    assert (seen["spec"].mask.value, seen["spec"].softmax_scale, seen["spec"].dtype.value) == \
+        ("none", 576 ** -0.5, "fp16")
+    with pytest.raises(UnsupportedError, match="qk 576"):
+        fa_gen.api.flash_mla_with_kvcache(q, k, table, seqlens, 256)
+    with pytest.raises(UnsupportedError, match="one latent KV head"):
+        fa_gen.api.get_mla_metadata(seqlens, 16, 2)
+    with pytest.raises(InputError, match="softmax_scale"):
+        fa_gen.api.flash_mla_with_kvcache(q, k, table, seqlens, 512, softmax_scale=-1.0)

@@ -6,6 +6,7 @@ runtime (fa_gen.runtime, fa_gen.backward, fa_gen.inference, fa_gen.combine), whi
     attention_with_kvcache(q, k_cache, v_cache, ...) append to a (paged) KV cache and attend, inference
     merge_attention_states(outs, lses)               merge partial results by LSE
     mla_decode(q, kv_cache, cache_seqlens, spec)     MLA decode over a latent (paged) cache (fa_gen.mla)
+    flash_mla_with_kvcache / get_mla_metadata        FlashMLA's signatures (fa_gen.api.flash_mla)
     flash_attn_func / flash_attn_varlen_func / flash_attn_with_kvcache
                                                      FlashAttention's signatures (fa_gen.api.flash_attn)
 """
@@ -14,8 +15,10 @@ from ..combine import merge_attention_states
 from ..mla import mla_decode
 from .attention import attention
 from .flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from .flash_mla import flash_mla_with_kvcache, get_mla_metadata
 from .kvcache import attention_with_kvcache
 from .varlen import attention_varlen
 
 __all__ = ["attention", "attention_varlen", "attention_with_kvcache", "flash_attn_func", "flash_attn_varlen_func",
-           "flash_attn_with_kvcache", "merge_attention_states", "mla_decode"]
+           "flash_attn_with_kvcache", "flash_mla_with_kvcache", "get_mla_metadata", "merge_attention_states",
+           "mla_decode"]
