@@ -153,6 +153,20 @@ def _attention_backward_fake(dout, q, k, v, out, lse, spec_key, deterministic, t
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def refuse_other_devices(op) -> None:
+    """Give `op` (a CUDA-only custom op) a CPU kernel that raises a clear InputError, instead of
+    the dispatcher's "Could not run ... with arguments from the 'CPU' backend"."""
+    def refuse(*args, **kwargs):
+        devices = sorted({str(a.device) for a in args if isinstance(a, torch.Tensor)})
+        raise InputError(f"fa_gen kernels need CUDA tensors; got tensors on {', '.join(devices)}")
+
+    op.register_kernel("cpu")(refuse)
+
+
+refuse_other_devices(attention_forward)
+refuse_other_devices(attention_backward)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, key, deterministic, tensors, scalars = inputs
     out, lse = output

@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from .autograd import _inputs_by_name, _plain_eager, no_gradient, spec_from_key
+from .autograd import _inputs_by_name, _plain_eager, no_gradient, refuse_other_devices, spec_from_key
 from .inference import forward_varlen
 from .varlen_backward import backward_varlen
 
@@ -69,6 +69,10 @@ def _run_backward(dout, q, k, v, out, lse, cu_q, cu_k, used_k, max_q, max_k, key
     spec = spec_from_key(key)
     return backward_varlen(spec, dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, used_k,
                            deterministic, _inputs_by_name(spec, tensors, scalars))
+
+
+refuse_other_devices(attention_varlen_forward)
+refuse_other_devices(attention_varlen_backward)
 
 
 @attention_varlen_backward.register_fake
