@@ -15,6 +15,9 @@ Knobs:
 - `FA_GEN_ARCH`: target arch (`sm_80`, `sm_90a`, ...) instead of the one of
   the current GPU; lets a machine without a GPU compile.
 - `FA_GEN_DUMP_DIR`: write every rendered source into this directory.
+- `FA_GEN_FAST_LOAD`: load cached kernels as shared libraries through TVM-FFI,
+  without importing the CuTe DSL (fa_gen.backends.cute_dsl); off by default.
+- `CC`: the C compiler that links those libraries (default `cc`).
 
 Boolean knobs accept 1/true/yes/on and 0/false/no/off (any case); an empty
 value counts as unset. Anything else is an error rather than a guess.
@@ -34,6 +37,7 @@ DISABLE_CACHE = "FA_GEN_DISABLE_CACHE"
 FORCE_RECOMPILE = "FA_GEN_FORCE_RECOMPILE"
 ARCH = "FA_GEN_ARCH"
 DUMP_DIR = "FA_GEN_DUMP_DIR"
+FAST_LOAD = "FA_GEN_FAST_LOAD"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -97,6 +101,16 @@ def dump_dir() -> Path | None:
     return _path(DUMP_DIR)
 
 
+def fast_load() -> bool:
+    """True when `FA_GEN_FAST_LOAD` asks to load cached kernels through TVM-FFI alone."""
+    return _flag(FAST_LOAD)
+
+
+def c_compiler() -> str:
+    """The C compiler (`CC`, else `cc`) that links a cached object into a shared library."""
+    return _raw("CC") or "cc"
+
+
 @dataclass(frozen=True)
 class _Knob:
     name: str
@@ -109,6 +123,7 @@ _KNOBS = (
     _Knob(FORCE_RECOMPILE, force_recompile),
     _Knob(ARCH, target_arch),
     _Knob(DUMP_DIR, dump_dir),
+    _Knob(FAST_LOAD, fast_load),
 )
 
 

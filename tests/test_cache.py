@@ -224,7 +224,7 @@ def test_bad_boolean_is_an_error_that_describe_shows(monkeypatch):
     with pytest.raises(FaGenError, match="FA_GEN_FORCE_RECOMPILE='maybe' is not a boolean"):
         env.force_recompile()
     knobs = env.describe()
-    assert set(knobs) == {env.CACHE_DIR, env.DISABLE_CACHE, env.FORCE_RECOMPILE, env.ARCH, env.DUMP_DIR}
+    assert set(knobs) == {env.CACHE_DIR, env.DISABLE_CACHE, env.FORCE_RECOMPILE, env.ARCH, env.DUMP_DIR, env.FAST_LOAD}
     assert knobs[env.FORCE_RECOMPILE]["value"].startswith("<invalid")
 
 

@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import env
 from ..errors import CompileError
 
 ENTRY_SYMBOL = "fa_gen_forward"
@@ -83,7 +84,7 @@ def _entry_class(module):
 
 def load_object(object_path: Path):
     """Load a compiled object; returns the TVM-FFI function `(q, k, v, o, lse) -> None`."""
-    if os.environ.get("FA_GEN_FAST_LOAD") == "1":
+    if env.fast_load():
         function = load_shared(Path(object_path))
         if function is not None:
             return function
@@ -116,7 +117,7 @@ def load_shared(object_path: Path):
 
 def link_shared(object_path: Path, library: Path) -> bool:
     """Link `object_path` into `library` (written under a temporary name, renamed whole)."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
+    compiler = shutil.which(env.c_compiler())
     if compiler is None:
         return False
     from cutlass.cute.runtime import find_runtime_libraries
