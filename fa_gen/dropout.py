@@ -19,8 +19,14 @@ undropped one. p, seed and offset are runtime values: one compiled kernel serves
 The backward regenerates the mask from the same (p, seed, offset): dV takes the dropped,
 rescaled probabilities, dS = P * (Z * dP - D) with Z = keep / (1 - p) and D = rowsum(dO * O).
 
-This is the kernel layer. The public `dropout_p` arguments (fa_gen.attention, flash_attn_func)
-wait for these kernels' GPU tests (tests/test_gpu_dropout.py); until then those refuse dropout.
+CUDA graphs. `seed` may also be an int64 device tensor holding (seed, offset), with offset
+None: the kernels read the pair on the device. Under stream capture the public dropout path
+(fa_gen.api.dropout) takes its pair from `graph_rng_state`: a snapshot of fa_gen's per-device
+state, which the captured graph then advances, so each replay draws a new mask and the
+backward regenerates the forward's.
+
+This is the kernel layer; the public `dropout_p` arguments (fa_gen.attention, flash_attn_func)
+are fa_gen.api.dropout's.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import torch
 
 from . import varlen_backward
 from .backward import Backward, _workspace
-from .errors import InputError
+from .errors import InputError, UnsupportedError
 from .families.warp_tiles import padded_head_dim
 from .inference import _check_varlen, _varlen_extra_arguments
 from .philox import MASK32, keep_threshold
@@ -43,6 +49,11 @@ KIND = "forward_dropout"
 BACKWARD_KIND = "backward_dropout"
 # The offset advances by this much per call: every call draws from counters of its own.
 OFFSET_STEP = 4
+# Where fa_gen's graph state starts past the generator's offset when it is made: eager draws
+# (OFFSET_STEP each) and graph replays use disjoint offsets for the first 2^38 eager calls.
+GRAPH_OFFSET_GAP = 1 << 40
+# Per device index: (seed, offset) int64, advanced by captured graphs (graph_rng_state).
+_GRAPH_STATES: dict[int, torch.Tensor] = {}
 
 
 def draw_rng_state(device: torch.device, generator: torch.Generator | None = None) -> tuple[int, int]:
@@ -57,8 +68,39 @@ def draw_rng_state(device: torch.device, generator: torch.Generator | None = Non
     return generator.initial_seed(), offset
 
 
-def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, seed: int,
-                    offset: int, inputs=None, arch: str | None = None,
+def prepare_graph_rng(device: torch.device, generator: torch.Generator | None = None) -> None:
+    """Make fa_gen's per-device dropout state for CUDA graphs (once, outside capture): seeded
+    from `generator` (default: the device's CUDA generator), its offset GRAPH_OFFSET_GAP past
+    the generator's. The public dropout path calls this on every eager call, so the warm-up
+    steps a capture needs anyway make it."""
+    index = _device_index(device)
+    if index not in _GRAPH_STATES:
+        generator = generator or torch.cuda.default_generators[index]
+        seed, offset = generator.initial_seed(), generator.get_offset() + GRAPH_OFFSET_GAP
+        _GRAPH_STATES[index] = torch.tensor([_signed64(seed), _signed64(offset)], dtype=torch.int64,
+                                            device=torch.device("cuda", index))
+
+
+def graph_rng_state(device: torch.device) -> torch.Tensor:
+    """Under stream capture: (seed, offset) for one dropout call as an int64 device tensor, a
+    copy of the device's graph state taken in the graph, whose offset the graph then advances
+    by OFFSET_STEP (so every replay reads the offset the previous one left)."""
+    state = _GRAPH_STATES.get(_device_index(device))
+    if state is None:
+        raise UnsupportedError("dropout in a CUDA graph captured before any eager dropout call on this device", [
+            "run one eager step with dropout before capturing (the warm-up torch.cuda.graph needs anyway), or "
+            "call fa_gen.dropout.prepare_graph_rng(device) first"])
+    snapshot = state.clone()
+    state[1:].add_(OFFSET_STEP)
+    return snapshot
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, seed: int | torch.Tensor,
+                    offset: int | None, inputs=None, arch: str | None = None,
                     family: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of fixed-length q (b, sq, hq, d), k/v (b, sk, hkv, d) with the probabilities
     dropped with probability `dropout_p` under the generator state (seed, offset); `family`
@@ -80,7 +122,7 @@ def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def backward_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     out: torch.Tensor, lse: torch.Tensor, dropout_p: float, seed: int, offset: int,
+                     out: torch.Tensor, lse: torch.Tensor, dropout_p: float, seed: int | torch.Tensor, offset: int | None,
                      deterministic: bool = False, inputs=None, arch: str | None = None):
     """(dq, dk, dv) of forward_dropout's output `out` (with its `lse`) for the upstream `dout`,
     under the same (dropout_p, seed, offset)."""
@@ -98,8 +140,8 @@ def backward_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.T
 
 
 def forward_varlen_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int,
-                           offset: int, inputs=None, arch: str | None = None, family: str | None = None):
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int | torch.Tensor,
+                           offset: int | None, inputs=None, arch: str | None = None, family: str | None = None):
     """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch (fa_gen.inference's layouts)
     with dropout; sequence b draws its mask as batch entry b."""
     _check_draw(dropout_p, seed, offset)
@@ -118,7 +160,7 @@ def forward_varlen_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torc
 
 def backward_varlen_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int, offset: int,
+                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int | torch.Tensor, offset: int | None,
                             deterministic: bool = False, inputs=None, arch: str | None = None):
     """(dq, dk, dv) of forward_varlen_dropout's output under the same (dropout_p, seed, offset)."""
     _check_draw(dropout_p, seed, offset)
@@ -148,15 +190,23 @@ def _check_draw(dropout_p, seed, offset) -> None:
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 < dropout_p < 1.0:
         raise InputError(f"dropout_p must be a number in (0, 1); got {dropout_p!r} (0 means no dropout: call "
                          "the plain forward)")
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype != torch.int64 or seed.shape != (2,) or not seed.is_contiguous() or offset is not None:
+            raise InputError("a device draw is a contiguous (2,) int64 tensor (seed, offset), passed as seed with "
+                             f"offset None; got {tuple(seed.shape)} {seed.dtype}, offset {offset!r}")
+        return
     for name, value in (("seed", seed), ("offset", offset)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
             raise InputError(f"{name} must be an int in [0, 2^64); got {value!r}")
 
 
-def _draw_arguments(dropout_p: float, seed: int, offset: int, device) -> tuple:
-    """The kernels' dropout arguments: (seed, offset) as an int64 device tensor, the keep
-    threshold, 1 / (1 - p)."""
-    rng = torch.tensor([_signed64(seed), _signed64(offset)], dtype=torch.int64, device=device)
+def _draw_arguments(dropout_p: float, seed, offset, device) -> tuple:
+    """The kernels' dropout arguments: (seed, offset) as an int64 device tensor (`seed` itself
+    when it is one), the keep threshold, 1 / (1 - p)."""
+    if isinstance(seed, torch.Tensor):
+        rng = seed
+    else:
+        rng = torch.tensor([_signed64(seed), _signed64(offset)], dtype=torch.int64, device=device)
     return rng, keep_threshold(dropout_p) & MASK32, 1.0 / (1.0 - dropout_p)
 
 

@@ -64,3 +64,34 @@ def test_backward_argument_errors():
 
 
 
+
+
+def test_a_device_draw_is_checked_and_passed_as_is():
+    from fa_gen.dropout import _check_draw, _draw_arguments
+
+    draw = torch.tensor([5, 8], dtype=torch.int64)
+    _check_draw(0.1, draw, None)
+    assert _draw_arguments(0.1, draw, None, draw.device)[0] is draw
+    for bad, offset in ((torch.tensor([5, 8], dtype=torch.int32), None), (torch.tensor([5, 8, 1]), None), (draw, 3)):
+        with pytest.raises(InputError, match="device draw"):
+            _check_draw(0.1, bad, offset)
+
+
+def test_graph_state_snapshots_and_advances(monkeypatch):
+    """Under capture each call takes a copy of the device's (seed, offset) and advances the
+    state by OFFSET_STEP, so the next call (and the next replay) reads a new offset; without
+    a state (no eager call before the capture) the error says what to do."""
+    import fa_gen.api.dropout as api_dropout
+    from fa_gen import dropout as kernels
+    from fa_gen.errors import UnsupportedError
+
+    device = torch.device("cuda", 0)
+    monkeypatch.setattr(kernels, "_GRAPH_STATES", {})
+    with pytest.raises(UnsupportedError, match="eager step with dropout before capturing"):
+        kernels.graph_rng_state(device)
+    kernels._GRAPH_STATES[0] = torch.tensor([11, 1 << 40], dtype=torch.int64)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    first, offset = api_dropout.draw(device)
+    second, _ = api_dropout.draw(device)
+    assert offset is None and first.tolist() == [11, 1 << 40] and second.tolist() == [11, (1 << 40) + kernels.OFFSET_STEP]
+    assert kernels._GRAPH_STATES[0].tolist() == [11, (1 << 40) + 2 * kernels.OFFSET_STEP]

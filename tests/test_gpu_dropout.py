@@ -200,3 +200,42 @@ def test_public_dropout_draws_from_the_torch_generator_and_differentiates():
     assert not torch.equal(again, out)  # the generator moved on
     torch.manual_seed(1234)
     assert torch.equal(fa_gen.attention(q, k, v, spec, dropout_p=0.2)[0], out)  # the same run again
+
+
+def test_cuda_graph_replays_draw_new_masks_and_backward_regenerates_them():
+    """fa_gen.attention(..., dropout_p) forward and backward captured in one CUDA graph: each
+    replay reads the (seed, offset) the previous one left in fa_gen's graph state, so replays
+    draw different masks, and each replay's output and gradients are the eager kernels' under
+    that replay's (seed, offset)."""
+    import fa_gen
+    from fa_gen import dropout as kernels
+
+    spec = SPECS[0]
+    g = torch.Generator(device="cuda").manual_seed(31)
+    q, k, v = (t.requires_grad_() for t in _draw(spec, g, 2, 130, 190, 4, 2))
+    dout = torch.randn(q.shape[:3] + (spec.head_dim_v,), generator=g, device="cuda").to(q.dtype)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up: compiles, and makes fa_gen's graph state
+            out, _ = fa_gen.attention(q, k, v, spec, dropout_p=0.3)
+            out.backward(dout)
+    torch.cuda.current_stream().wait_stream(stream)
+    q.grad = k.grad = v.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = fa_gen.attention(q, k, v, spec, dropout_p=0.3)
+        out.backward(dout)
+    state = kernels._GRAPH_STATES[torch.cuda.current_device()]
+    outputs = []
+    for _ in range(2):
+        seed, offset = (int(x) % (1 << 64) for x in state.tolist())
+        graph.replay()
+        torch.cuda.synchronize()
+        want, lse = forward_dropout(spec, q.detach(), k.detach(), v.detach(), 0.3, seed, offset)
+        assert torch.equal(out, want)
+        grads = backward_dropout(spec, dout, q.detach(), k.detach(), v.detach(), want, lse, 0.3, seed, offset)
+        for got, expected in zip((q.grad, k.grad, v.grad), grads):
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-2)
+        outputs.append(out.clone())
+    assert not torch.equal(outputs[0], outputs[1])

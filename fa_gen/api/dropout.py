@@ -7,6 +7,11 @@ forward, and keeps the draw for the backward, which regenerates the same mask
 (fa_gen.dropout.backward_dropout): nothing of size seqlen_q x seqlen_k is stored. Eager only:
 under torch.compile the generator draw would be traced once, so p > 0 is refused there.
 Gradients flow to q, k and v; a spec input that requires grad is refused with dropout.
+
+CUDA graphs: under stream capture the draw is fa_gen's per-device graph state instead
+(fa_gen.dropout.graph_rng_state), read and advanced on the device, so every replay of the
+graph draws a new mask and its backward regenerates the forward's; eager calls make that state
+(seeded from PyTorch's generator), so the warm-up steps before a capture prepare it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..dropout import (backward_dropout, backward_varlen_dropout, draw_rng_state, forward_dropout,
-                       forward_varlen_dropout)
+                       forward_varlen_dropout, graph_rng_state, prepare_graph_rng)
 from ..errors import InputError, UnsupportedError
 from ..spec import Spec
 
@@ -51,10 +56,19 @@ def _refuse_traced_and_input_gradients(spec: Spec, inputs) -> None:
                 "with dropout the backward gives dq, dk and dv only; detach the input"])
 
 
+def draw(device: torch.device):
+    """(seed, offset) for one call: ints from PyTorch's generator when eager, a device tensor
+    (seed, offset) with offset None under CUDA-graph capture."""
+    if torch.cuda.is_current_stream_capturing():
+        return graph_rng_state(device), None
+    prepare_graph_rng(device)
+    return draw_rng_state(device)
+
+
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec, dropout_p, deterministic, inputs):
-        seed, offset = draw_rng_state(q.device)
+        seed, offset = draw(q.device)
         out, lse = forward_dropout(spec, q, k, v, dropout_p, seed, offset, inputs=inputs)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.draw = (spec, dropout_p, seed, offset, deterministic, inputs)
@@ -74,7 +88,7 @@ class _VarlenDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, dropout_p, deterministic,
                 inputs):
-        seed, offset = draw_rng_state(q.device)
+        seed, offset = draw(q.device)
         out, lse = forward_varlen_dropout(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           dropout_p, seed, offset, inputs=inputs)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
