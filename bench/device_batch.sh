@@ -13,13 +13,15 @@
 #                                             measured set (sm90 padded forward included) and dropout
 #   bash bench/device_batch.sh COMMIT mla     MLA decode: its L1 suite, then GB/s against the copy bandwidth
 #                                             (bench/bench_mla.py)
+#   bash bench/device_batch.sh COMMIT longrun  10^6 decode steps eager and from a CUDA graph: growth in memory or
+#                                             host time (bench/long_run.py; --calls to shorten)
 #   bash bench/device_batch.sh COMMIT sanitize  every kernel kind once under compute-sanitizer's four
 #                                             tools (bench/sanitize.py --tools), one summary line each
 #   bash bench/device_batch.sh COMMIT e2e     a 1B Llama-style model in transformers, fa_gen vs SDPA:
 #                                             prefill and decode tokens/s, attention share (bench/bench_e2e.py)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, mla, sanitize or e2e}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, mla, longrun, sanitize or e2e}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -47,6 +49,8 @@ elif [[ $part == mla ]]; then
   python -m pytest -q -p no:cacheprovider tests/test_gpu_mla.py "$@" > "$out/test_gpu_mla.log" 2>&1
   echo "test_gpu_mla: $(tail -1 "$out/test_gpu_mla.log")"
   python bench/bench_mla.py --commit "$commit" --out "$out" 2>&1 | tee "$out/bench_mla.log"
+elif [[ $part == longrun ]]; then
+  python bench/long_run.py --out "$out" "$@" 2>&1 | tee "$out/long_run.log"
 elif [[ $part == sanitize ]]; then
   python bench/sanitize.py --tools --out "$out" "$@" 2>&1 | tee "$out/sanitize.log"
 elif [[ $part == e2e ]]; then
