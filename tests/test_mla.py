@@ -161,3 +161,27 @@ def test_flash_mla_signature_maps_onto_mla_decode(monkeypatch):
         fa_gen.api.get_mla_metadata(seqlens, 16, 2)
     with pytest.raises(InputError, match="softmax_scale"):
         fa_gen.api.flash_mla_with_kvcache(q, k, table, seqlens, 512, softmax_scale=-1.0)
+
+
+def test_attention_with_kvcache_routes_mla_specs(monkeypatch):
+    """fa_gen.attention_with_kvcache with an MLA spec: mla_decode over the cache, after the
+    append (lengths + new tokens); v_cache / v_new must be views of the latent cache / k_new."""
+    import fa_gen.api.kvcache as kvcache
+
+    seen = {}
+    monkeypatch.setattr(kvcache, "mla_decode", lambda q, k, lengths, spec, block_table=None, num_splits=None:
+                        seen.update(q=q, k=k, lengths=lengths, table=block_table) or
+                        (q.new_empty(*q.shape[:3], 512), torch.empty(q.shape[0], q.shape[2], q.shape[1])))
+    monkeypatch.setattr(kvcache, "_check_devices", lambda **tensors: None)
+    monkeypatch.setattr(kvcache, "append_to_cache", lambda *args: seen.update(appended=args))
+    spec = load_spec({**MLA, "mask": "none"})
+    q, cache = _meta(2, 1, 16, 576), _meta(2, 128, 1, 576)
+    lengths = torch.zeros(2, dtype=torch.int32, device="meta")
+    new = _meta(2, 1, 1, 576)
+    out, lse = fa_gen.attention_with_kvcache(q, cache, cache[..., :512], lengths, spec, k_new=new, v_new=new[..., :512])
+    assert seen["k"] is cache and seen["q"] is q and seen["table"] is None and "appended" in seen
+    assert out.shape == (2, 1, 16, 512)
+    with pytest.raises(UnsupportedError, match=r"v_cache = k_cache\[..., :512\]"):
+        fa_gen.attention_with_kvcache(q, cache, _meta(2, 128, 1, 512), lengths, spec)
+    with pytest.raises(UnsupportedError, match=r"v_new = k_new\[..., :512\]"):
+        fa_gen.attention_with_kvcache(q, cache, cache[..., :512], lengths, spec, k_new=new, v_new=_meta(2, 1, 1, 512))

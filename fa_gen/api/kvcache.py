@@ -8,7 +8,8 @@ the varlen split-KV forwards of fa_gen.inference: contiguous caches as packed ke
 offsets, paged caches through their page table. Every size the call uses (grid, split count,
 partial buffers) comes from tensor shapes, never from tensor values, and nothing reads the
 device on the host: a decode step captured once in a CUDA graph replays with new cache_seqlens
-and page-table contents.
+and page-table contents. A spec of MLA's head dims (576, 512) goes to fa_gen.mla_decode, with
+v_cache the latent cache's first 512 columns.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import torch
 
 from ..append import append_to_cache
 from ..autograd import spec_from_key, spec_key
-from ..errors import InputError
+from ..errors import InputError, UnsupportedError
 from ..inference import forward_paged, forward_varlen
+from ..mla import mla_decode
 from ..runtime import _TORCH_DTYPES
-from ..spec import Spec
+from ..spec import MLA_HEAD_DIMS, Spec
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens,
@@ -68,6 +70,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx, num_splits,
             pack_gqa, inputs):
     _check_call(spec, q, k_cache, v_cache, k_new, v_new, page_table, cache_batch_idx)
+    mla = (spec.head_dim_qk, spec.head_dim_v) == MLA_HEAD_DIMS
+    if mla:
+        _check_mla(spec, k_cache, v_cache, k_new, v_new, cache_batch_idx)
     batch, seqlen_q, heads_q, _ = q.shape
     lengths = _cache_lengths(cache_seqlens, batch, q.device)
     _check_devices(q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, page_table=page_table,
@@ -77,6 +82,8 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
         seqlen_new = k_new.shape[1]
         append_to_cache(k_cache, v_cache, k_new, v_new, lengths, page_table, cache_batch_idx)
     seqused = lengths + seqlen_new if seqlen_new else lengths
+    if mla:
+        return _attend_mla(spec, q, k_cache, seqused, page_table, num_splits)
     # [0, seqlen_q, 2 seqlen_q, ...]: one launch (host time is what a decode step has least of).
     cu_q = (torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32, device=q.device) if seqlen_q
             else torch.zeros(batch + 1, dtype=torch.int32, device=q.device))
@@ -105,6 +112,25 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     v = v_cache.view(batch_cache * seqlen_cache, heads_kv, v_cache.shape[-1])
     return forward_varlen(spec, packed_q, k, v, cu_q, cu_k, seqlen_q, seqlen_cache, seqused, num_splits or None,
                           inputs, pack_gqa=pack_gqa)
+
+
+def _check_mla(spec, k_cache, v_cache, k_new, v_new, cache_batch_idx) -> None:
+    """An MLA spec (qk 576, v 512) reads V from the latent cache itself: v_cache (and v_new)
+    must be the first 512 columns of k_cache (and k_new)."""
+    for name, v, k in (("v_cache", v_cache, k_cache), ("v_new", v_new, k_new)):
+        if k is not None and not (v.data_ptr() == k.data_ptr() and v.shape[:3] == k.shape[:3]
+                                  and v.stride() == k.stride()):
+            raise UnsupportedError(f"{name} of MLA spec {spec.name!r}", [
+                f"MLA decode reads V from the latent cache itself: pass {name} = "
+                f"{'k_cache' if name == 'v_cache' else 'k_new'}[..., :512]"])
+    if cache_batch_idx is not None:
+        raise UnsupportedError("cache_batch_idx with an MLA spec", ["MLA decode reads sequence b from cache row b "
+                                                                   "(or through page_table)"])
+
+
+def _attend_mla(spec, q, k_cache, seqused, page_table, num_splits):
+    """fa_gen.mla_decode over the latent cache (k_new was appended already)."""
+    return mla_decode(q, k_cache, seqused, spec, block_table=page_table, num_splits=num_splits or None)
 
 
 def _cache_lengths(cache_seqlens, batch: int, device) -> torch.Tensor:
