@@ -99,8 +99,8 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, seed: int | torch.Tensor,
-                    offset: int | None, inputs=None, arch: str | None = None,
+def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                    seed: int | torch.Tensor, offset: int | None, inputs=None, arch: str | None = None,
                     family: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of fixed-length q (b, sq, hq, d), k/v (b, sk, hkv, d) with the probabilities
     dropped with probability `dropout_p` under the generator state (seed, offset); `family`
@@ -122,8 +122,8 @@ def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def backward_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     out: torch.Tensor, lse: torch.Tensor, dropout_p: float, seed: int | torch.Tensor, offset: int | None,
-                     deterministic: bool = False, inputs=None, arch: str | None = None):
+                     out: torch.Tensor, lse: torch.Tensor, dropout_p: float, seed: int | torch.Tensor,
+                     offset: int | None, deterministic: bool = False, inputs=None, arch: str | None = None):
     """(dq, dk, dv) of forward_dropout's output `out` (with its `lse`) for the upstream `dout`,
     under the same (dropout_p, seed, offset)."""
     _check_draw(dropout_p, seed, offset)
@@ -140,8 +140,9 @@ def backward_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.T
 
 
 def forward_varlen_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int | torch.Tensor,
-                           offset: int | None, inputs=None, arch: str | None = None, family: str | None = None):
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float,
+                           seed: int | torch.Tensor, offset: int | None, inputs=None, arch: str | None = None,
+                           family: str | None = None):
     """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch (fa_gen.inference's layouts)
     with dropout; sequence b draws its mask as batch entry b."""
     _check_draw(dropout_p, seed, offset)
@@ -160,8 +161,9 @@ def forward_varlen_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torc
 
 def backward_varlen_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int | torch.Tensor, offset: int | None,
-                            deterministic: bool = False, inputs=None, arch: str | None = None):
+                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int | torch.Tensor,
+                            offset: int | None, deterministic: bool = False, inputs=None,
+                            arch: str | None = None):
     """(dq, dk, dv) of forward_varlen_dropout's output under the same (dropout_p, seed, offset)."""
     _check_draw(dropout_p, seed, offset)
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)

@@ -298,16 +298,17 @@ def _head_dims(top: _Node) -> tuple[int, int]:
         node.check_keys(HEAD_DIM_KEYS, HEAD_DIM_KEYS)
         if (node.data.get("qk"), node.data.get("v")) == MLA_HEAD_DIMS:
             return MLA_HEAD_DIMS
-        also = f", or {{qk: {MLA_HEAD_DIMS[0]}, v: {MLA_HEAD_DIMS[1]}}} (MLA)"
-        return _head_dim_value(node, "qk", also=also), _head_dim_value(node, "v", also=also)
+        mla = f", or {{qk: {MLA_HEAD_DIMS[0]}, v: {MLA_HEAD_DIMS[1]}}} (MLA)"
+        return (_head_dim_value(node, "qk", also=mla, range_also=mla),
+                _head_dim_value(node, "v", also=mla, range_also=mla))
     head_dim = _head_dim_value(top, "head_dim", also=", or a mapping {qk: ..., v: ...}")
     return head_dim, head_dim
 
 
-def _head_dim_value(node: _Node, key, also: str = "") -> int:
+def _head_dim_value(node: _Node, key, also: str = "", range_also: str = "") -> int:
     value = _expect_int(node, key, _HEAD_DIM_ALLOWED + also)
     if not (HEAD_DIM_MIN <= value <= HEAD_DIM_MAX and value % HEAD_DIM_MULTIPLE == 0):
-        raise node.error(key, f"{value} is not allowed; allowed: {_HEAD_DIM_ALLOWED}{also}")
+        raise node.error(key, f"{value} is not allowed; allowed: {_HEAD_DIM_ALLOWED}{range_also}")
     return value
 
 
