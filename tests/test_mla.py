@@ -185,3 +185,22 @@ def test_attention_with_kvcache_routes_mla_specs(monkeypatch):
         fa_gen.attention_with_kvcache(q, cache, _meta(2, 128, 1, 512), lengths, spec)
     with pytest.raises(UnsupportedError, match=r"v_new = k_new\[..., :512\]"):
         fa_gen.attention_with_kvcache(q, cache, cache[..., :512], lengths, spec, k_new=new, v_new=_meta(2, 1, 1, 512))
+
+
+def test_flash_attn_with_kvcache_of_mla_shapes_reaches_mla_decode(monkeypatch):
+    """FlashAttention's flash_attn_with_kvcache with q/k 576 and v_cache = k_cache[..., :512]
+    builds an MLA spec (causal, the scale given) and runs MLA decode on the paged cache."""
+    import fa_gen.api.kvcache as kvcache
+
+    seen = {}
+    monkeypatch.setattr(kvcache, "mla_decode", lambda q, k, lengths, spec, block_table=None, num_splits=None:
+                        seen.update(spec=spec, table=block_table) or
+                        (q.new_empty(*q.shape[:3], 512), torch.empty(q.shape[0], q.shape[2], q.shape[1])))
+    monkeypatch.setattr(kvcache, "_check_devices", lambda **tensors: None)
+    q, cache = _meta(2, 1, 16, 576), _meta(9, 64, 1, 576)
+    table = torch.zeros(2, 4, dtype=torch.int32, device="meta")
+    out = fa_gen.flash_attn_with_kvcache(q, cache, cache[..., :512], cache_seqlens=torch.zeros(
+        2, dtype=torch.int32, device="meta"), block_table=table, causal=True, softmax_scale=192 ** -0.5)
+    spec = seen["spec"]
+    assert out.shape == (2, 1, 16, 512) and seen["table"] is table
+    assert (spec.head_dim_qk, spec.head_dim_v, spec.mask.value, spec.softmax_scale) == (576, 512, "causal", 192 ** -0.5)
