@@ -11,22 +11,21 @@ lse (batch, heads_q, seqlen_q) fp32. Causal is bottom-right (multi-token decode)
 
 The scheduling metadata is accepted and not needed: fa_gen sizes its key splits from the shapes
 alone inside the call (no host sync, CUDA-graph safe), so get_mla_metadata returns (None, None)
-and flash_mla_with_kvcache ignores what it is given there. The spec behind a call (dtype,
-causal, softmax_scale) is made once per combination and cached.
+and flash_mla_with_kvcache ignores what it is given there. The spec behind a call is the one
+FlashAttention's signatures build for the same (dtype, head dims, causal, softmax_scale)
+(fa_gen.api.flash_specs), so both reach one compiled kernel.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ..errors import InputError, UnsupportedError
+from ..autograd import spec_from_key
+from ..errors import UnsupportedError
 from ..mla import mla_decode
 from ..spec import MLA_HEAD_DIMS
-from ..spec_load import load_spec
-
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+from .flash_attn import _scale
+from .flash_specs import DTYPES, flash_spec_key, fold_window
 
 
 def get_mla_metadata(cache_seqlens: torch.Tensor, num_heads_per_head_k: int, num_heads_k: int, *args, **kwargs):
@@ -44,19 +43,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     if head_dim_v != MLA_HEAD_DIMS[1] or q.shape[-1] != MLA_HEAD_DIMS[0]:
         raise UnsupportedError(f"head dims qk {q.shape[-1]}, v {head_dim_v}", [
             f"fa_gen's MLA decode takes qk {MLA_HEAD_DIMS[0]} (512 latent + 64 rope) and v {MLA_HEAD_DIMS[1]}"])
-    if q.dtype not in _DTYPES:
+    if q.dtype not in DTYPES:
         raise UnsupportedError(f"q.dtype {q.dtype}", ["MLA decode takes torch.bfloat16 and torch.float16"])
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
-                                      or not 0 < softmax_scale < float("inf")):
-        raise InputError(f"softmax_scale must be a finite number > 0 (or None); got {softmax_scale!r}")
-    spec = _spec(_DTYPES[q.dtype], bool(causal), None if softmax_scale is None else float(softmax_scale))
+    left, right = fold_window(bool(causal), (-1, -1))
+    scale = _scale(softmax_scale, MLA_HEAD_DIMS[0])  # checked; None for the default 1/sqrt(576)
+    spec = spec_from_key(flash_spec_key(DTYPES[q.dtype], *MLA_HEAD_DIMS, bool(causal), left, right, scale, False, None,
+                                        False))
     return mla_decode(q, k_cache, cache_seqlens, spec, block_table=block_table)
-
-
-@functools.lru_cache(maxsize=64)
-def _spec(dtype: str, causal: bool, softmax_scale: float | None):
-    fields = {"name": f"flash_mla_{dtype}{'_causal' if causal else ''}", "dtype": dtype,
-              "head_dim": {"qk": MLA_HEAD_DIMS[0], "v": MLA_HEAD_DIMS[1]}, "mask": "causal" if causal else "none"}
-    if softmax_scale is not None:
-        fields["softmax_scale"] = softmax_scale
-    return load_spec(fields)
