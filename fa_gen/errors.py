@@ -26,13 +26,19 @@ class SpecError(FaGenError, ValueError):
         prefix = f"{field}: " if field else ""
         super().__init__(f"{where}{prefix}{message}")
 
+    def __reduce__(self):  # keeps path, line and field across process pools
+        return _rebuild_spec_error, (self.reason, self.path, self.line, self.field)
+
 
 class UnsupportedError(FaGenError):
     """A (spec, arch) pair that no backend can implement; carries every reason."""
 
     def __init__(self, what: str, reasons: list[str]):
-        self.reasons = list(reasons)
+        self.what, self.reasons = what, list(reasons)
         super().__init__(f"{what}: " + "; ".join(self.reasons))
+
+    def __reduce__(self):  # rebuilt from (what, reasons): crosses process pools (fa_gen.precompile)
+        return type(self), (self.what, self.reasons)
 
 
 class InputError(FaGenError, ValueError):
@@ -41,3 +47,7 @@ class InputError(FaGenError, ValueError):
 
 class CompileError(FaGenError):
     """The backend compiler rejected rendered source (a bug in fa_gen, reported with context)."""
+
+
+def _rebuild_spec_error(message, path, line, field) -> SpecError:
+    return SpecError(message, path=path, line=line, field=field)

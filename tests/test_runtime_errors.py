@@ -49,3 +49,26 @@ def test_arch_outside_the_specs_archs_is_refused():
     spec = load_spec({"name": "t", "dtype": "bf16", "head_dim": 64, "archs": ["sm_80"]})
     with pytest.raises(UnsupportedError, match="add sm_86 to its archs"):
         build(spec, "sm_86")
+
+
+def test_errors_cross_a_process_pool_whole():
+    """A worker of fa_gen.precompile that raises sends its error back pickled: the parent must
+    get the same type and message (an UnsupportedError once failed to unpickle, hiding why)."""
+    import pickle
+
+    from fa_gen.errors import SpecError
+
+    for error in (UnsupportedError("spec 'x' on sm_90a", ["a reason", "another"]),
+                  SpecError("must be a list", path="s.yaml", line=3, field="mask"), InputError("bad q")):
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error) and str(again) == str(error)
+    assert pickle.loads(pickle.dumps(UnsupportedError("w", ["r"]))).reasons == ["r"]
+
+
+def test_gpu_suites_draw_only_families_with_a_forward():
+    """The L1 suites build every forward variant in each family cute_dsl_families names: the MLA
+    family renders decode kinds alone and must not be named (it was, and every build failed)."""
+    from .variants import cute_dsl_families
+
+    assert cute_dsl_families("sm_90a") == ["sm90", "sm80"]
+    assert cute_dsl_families("sm_80") == ["sm80"]

@@ -49,9 +49,10 @@ def variant_library_paths():
 
 
 def cute_dsl_families(arch: str, expressions: bool = False) -> list[str]:
-    """The CuTe DSL families serving `arch` (on an H200: sm90, then sm80), in registry order;
-    with `expressions`, only those whose forward takes mask and score expressions."""
+    """The CuTe DSL families with a fixed-length forward serving `arch` (on an H200: sm90, then
+    sm80; not sm90_mla, whose kinds are MLA decode alone), in registry order; with
+    `expressions`, only those whose forward takes mask and score expressions."""
     from fa_gen.families import REGISTRY
 
     return [f.name for f in REGISTRY if arch in f.archs and f.backend == "cute_dsl"
-            and (f.supports_expressions or not expressions)]
+            and "forward" in f.kernel_files() and (f.supports_expressions or not expressions)]
