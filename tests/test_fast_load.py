@@ -1,4 +1,4 @@
-"""L0 (CPU): the warm-start path (issue 19). With FA_GEN_FAST_LOAD=1 a cached object loads as a
+"""L0 (CPU): the warm-start path (issue 19). By default (FA_GEN_FAST_LOAD unset or 1) a cached object loads as a
 shared library through TVM-FFI, without importing the CuTe DSL; anything that goes wrong there
 falls back to the DSL's loader. Templates compile once into the cache's Jinja bytecode cache."""
 
@@ -44,6 +44,15 @@ def test_fast_load_links_once_and_loads_without_the_dsl(object_path, monkeypatch
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "FA_GEN_FAST_LOAD": "1"})
     assert out.stdout.split()[-2:] == ["Function", "False"]
+
+
+def test_fast_load_is_the_default_and_zero_turns_it_off(monkeypatch):
+    from fa_gen import env
+
+    monkeypatch.delenv("FA_GEN_FAST_LOAD", raising=False)
+    assert env.fast_load()
+    monkeypatch.setenv("FA_GEN_FAST_LOAD", "0")
+    assert not env.fast_load()
 
 
 def test_library_is_named_by_the_object_bytes(object_path, tmp_path):
