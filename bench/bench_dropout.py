@@ -110,6 +110,7 @@ def parse_args(argv=None):
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlens", default="1024,4096,8192")
     parser.add_argument("--forward-only", action="store_true")
+    parser.add_argument("--warm-only", action="store_true", help="compile the run's kernels, time nothing")
     return parser.parse_args(argv)
 
 
@@ -141,6 +142,8 @@ def warm(args) -> None:
 def main() -> int:
     args = parse_args()
     warm(args)
+    if args.warm_only:
+        return 0
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip()
     cells = []

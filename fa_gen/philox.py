@@ -14,19 +14,22 @@ the tests reproduce a kernel's mask bit for bit.
 
 The mask's index mapping (what a kernel must compute the same way):
     key     = (seed low 32 bits, seed high 32 bits XOR offset high 32 bits)
-    counter = (kv_idx // 2, (q_idx // 16) * 8 + q_idx % 8, batch * heads_q + head, offset low 32 bits)
-    word    = output word 2 * ((q_idx // 8) % 2) + kv_idx % 2 of that counter
-    keep    = word < threshold(p),  threshold(p) = floor((1 - p) * 2^32), at most 2^32 - 1
-so one Philox call decides the 2 x 2 block of rows (r, r + 8) of a 16-row group and keys
-(2j, 2j + 1): exactly the four scores one thread holds per 16 x 8 accumulator block of mma.sync
-m16n8 (sm80) and of wgmma (sm90), whose query tiles start at multiples of 16 rows. q_idx /
-kv_idx are positions inside the sequence (varlen batches: per sequence, as masks see them).
+    counter = ((kv_idx // 16) * 4 + (kv_idx % 8) // 2, (q_idx // 16) * 8 + q_idx % 8,
+               batch * heads_q + head, offset low 32 bits)
+    word    = output word 2 * ((q_idx // 8) % 2) + (kv_idx % 16) // 8 of that counter
+    value   = 16-bit half kv_idx % 2 of the word (the low half for even keys)
+    keep    = value < threshold(p),  threshold(p) = floor((1 - p) * 2^16), at most 2^16 - 1
+so one Philox call decides eight scores: rows (r, r + 8) of a 16-row group times keys
+(c, c + 1, c + 8, c + 9) of a 16-key group, c even and below 8. Those are the eight scores one
+thread holds in two neighbouring 16 x 8 accumulator blocks of mma.sync m16n8 (the sm80 forward)
+and of wgmma (the sm90 forward), whose query and key tiles start at multiples of 16. A kernel
+whose thread holds one block of the pair (the sm80 backward: keys c and c + 32) makes the call
+per block and uses half of it. q_idx / kv_idx are positions inside the sequence (varlen
+batches: per sequence, as masks see them).
 
-Why four scores a call and not eight (16-bit halves): the 2 x 2 quad of one m16n8 atom is the
-only part of a thread's fragment whose shape every kernel shares. Beyond it the layouts differ:
-the sm80 forward's warp holds keys c and c + 8 in neighbouring atoms, the sm80 backward's S/dP
-warp grid holds c and c + 32 (its first thread: keys 0, 1, 32, 33, ...), so an eight-score
-lane would be half used in one of them.
+Sixteen bits a score, not 32: Philox-10 is about 40 integer instructions per call, and at one
+call per four scores it cost the sm90 forward two thirds of its speed (H100, 391b14f,
+bench/bench_dropout.py); p is then resolved to 2^-16, finer than FlashAttention-2's 2^-8.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 MASK32 = 0xFFFFFFFF
+MASK16 = 0xFFFF
 # Multipliers and key increments of Philox4x32 (Random123's PHILOX_M4x32_0/1, PHILOX_W32_0/1).
 M0, M1 = 0xD2511F53, 0xCD9E8D57
 W0, W1 = 0x9E3779B9, 0xBB67AE85
@@ -70,11 +74,11 @@ def philox4x32(counter: torch.Tensor, key: torch.Tensor, rounds: int = ROUNDS) -
 
 
 def keep_threshold(p: float) -> int:
-    """Words below this are kept: floor((1 - p) * 2^32), at most 2^32 - 1 (p = 0 keeps all but
-    a 2^-32 sliver; callers skip the mask entirely at p = 0)."""
+    """16-bit values below this are kept: floor((1 - p) * 2^16), at most 2^16 - 1 (p = 0 keeps
+    all but a 2^-16 sliver; callers skip the mask entirely at p = 0)."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1); got {p!r}")
-    return min(int((1.0 - p) * 2.0 ** 32), MASK32)
+    return min(int((1.0 - p) * 2.0 ** 16), MASK16)
 
 
 def dropout_keep(seed: int, offset: int, batch, head, heads_q: int, q_idx, kv_idx, p: float) -> torch.Tensor:
@@ -84,12 +88,14 @@ def dropout_keep(seed: int, offset: int, batch, head, heads_q: int, q_idx, kv_id
     tensors = torch.broadcast_tensors(*(torch.as_tensor(x, dtype=torch.int64) for x in (batch, head, q_idx, kv_idx)))
     batch, head, q_idx, kv_idx = tensors
     row_group = (q_idx // 16) * 8 + q_idx % 8
-    counter = torch.stack([kv_idx // 2, row_group, batch * heads_q + head, torch.full_like(q_idx, offset & MASK32)], -1)
+    key_group = (kv_idx // 16) * 4 + (kv_idx % 8) // 2
+    counter = torch.stack([key_group, row_group, batch * heads_q + head, torch.full_like(q_idx, offset & MASK32)], -1)
     key = torch.tensor([seed & MASK32, ((seed >> 32) ^ (offset >> 32)) & MASK32], dtype=torch.int64,
                        device=q_idx.device)
     words = philox4x32(counter, key)
-    word = torch.gather(words, -1, (2 * ((q_idx // 8) % 2) + kv_idx % 2).unsqueeze(-1)).squeeze(-1)
-    return word < keep_threshold(p)
+    word = torch.gather(words, -1, (2 * ((q_idx // 8) % 2) + (kv_idx % 16) // 8).unsqueeze(-1)).squeeze(-1)
+    value = (word >> (16 * (kv_idx % 2))) & MASK16
+    return value < keep_threshold(p)
 
 
 @dataclass(frozen=True)

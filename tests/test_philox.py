@@ -55,18 +55,20 @@ def test_keep_mask_mapping_and_rate():
     q = torch.arange(64).view(-1, 1)
     k = torch.arange(256).view(1, -1)
     keep = dropout_keep(seed=1234, offset=8, batch=1, head=3, heads_q=8, q_idx=q, kv_idx=k, p=0.25)
-    # One Philox call per 2 x 2 block of rows (r, r + 8) and keys (2j, 2j + 1), word by word,
-    # written out element by element here: the layout an m16n8 accumulator fragment holds.
+    # One Philox call per 2 x 4 block of rows (r, r + 8) and keys (c, c + 1, c + 8, c + 9), 16 bits
+    # a score, written out element by element here: two neighbouring m16n8 fragment blocks.
     key = torch.tensor([1234, 0])
     for row in (0, 5, 8, 13, 16, 23, 40, 63):
-        for col in (0, 1, 2, 7, 100, 255):
-            counter = torch.tensor([col // 2, (row // 16) * 8 + row % 8, 1 * 8 + 3, 8])
-            word = philox4x32(counter, key)[2 * ((row // 8) % 2) + col % 2].item()
-            assert keep[row, col].item() == (word < keep_threshold(0.25)), (row, col)
-    # Rows r and r + 8 of a 16-row group, keys 2j and 2j + 1: the four words of one call.
-    block = dropout_keep(1234, 8, 1, 3, 8, torch.tensor([[16 + 3], [16 + 11]]), torch.tensor([[40, 41]]), 0.25)
-    words = philox4x32(torch.tensor([20, 8 + 3, 11, 8]), key)
-    assert torch.equal(block.flatten(), words < keep_threshold(0.25))
+        for col in (0, 1, 2, 7, 8, 9, 15, 100, 255):
+            counter = torch.tensor([col // 16 * 4 + col % 8 // 2, (row // 16) * 8 + row % 8, 1 * 8 + 3, 8])
+            word = philox4x32(counter, key)[2 * ((row // 8) % 2) + col % 16 // 8].item()
+            value = (word >> (16 * (col % 2))) & 0xFFFF
+            assert keep[row, col].item() == (value < keep_threshold(0.25)), (row, col)
+    # Rows r and r + 8 of a 16-row group, keys c, c + 1, c + 8, c + 9: the eight halves of one call.
+    block = dropout_keep(1234, 8, 1, 3, 8, torch.tensor([[16 + 3], [16 + 11]]), torch.tensor([[36, 37, 44, 45]]), 0.25)
+    words = philox4x32(torch.tensor([2 * 4 + 2, 8 + 3, 11, 8]), key)
+    halves = torch.stack([words & 0xFFFF, words >> 16], -1).reshape(2, 4)
+    assert torch.equal(block, halves < keep_threshold(0.25))
     # 16384 Bernoulli(0.75) draws: the kept share within 5 standard deviations of 0.75.
     assert abs(keep.double().mean().item() - 0.75) < 5 * (0.75 * 0.25 / keep.numel()) ** 0.5
     # Same state, same mask; another offset, seed or head, another mask.
@@ -78,8 +80,9 @@ def test_keep_mask_mapping_and_rate():
 
 
 def test_threshold():
-    assert keep_threshold(0.0) == MASK32
-    assert keep_threshold(0.5) == 1 << 31
+    assert keep_threshold(0.0) == 0xFFFF
+    assert keep_threshold(0.5) == 1 << 15
+    assert keep_threshold(0.1) == 58982  # floor(0.9 * 65536)
     for p in (-0.1, 1.0, 1.5):
         with pytest.raises(ValueError):
             keep_threshold(p)
