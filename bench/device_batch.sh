@@ -65,7 +65,7 @@ elif [[ $part == mla ]]; then
   echo "test_gpu_mla: $(tail -1 "$out/test_gpu_mla.log")"
   python bench/bench_mla.py --commit "$commit" --out "$out" 2>&1 | tee "$out/bench_mla.log"
 elif [[ $part == longrun ]]; then
-  python bench/long_run.py --out "$out" "$@" 2>&1 | tee "$out/long_run.log"
+  python bench/long_run.py --commit "$commit" --out "$out" "$@" 2>&1 | tee "$out/long_run.log"
 elif [[ $part == sanitize ]]; then
   python bench/sanitize.py --tools --out "$out" "$@" 2>&1 | tee "$out/sanitize.log"
 elif [[ $part == e2e ]]; then

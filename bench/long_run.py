@@ -110,8 +110,11 @@ def main(argv=None) -> int:
     parser.add_argument("--window", type=int, default=10_000)
     parser.add_argument("--modes", default="eager,graph")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD here, which a "
+                                                        "copied working tree may not match)")
     args = parser.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True).stdout.strip()
     record = {"commit": commit or "unknown", "date": dt.date.today().isoformat(),
               "device": torch.cuda.get_device_name(), "calls": args.calls, "window": args.window, "modes": {}}
     failed = False
