@@ -17,9 +17,9 @@
 #                                             host time (bench/long_run.py; --calls to shorten)
 #   bash bench/device_batch.sh COMMIT sanitize  every kernel kind once under compute-sanitizer's four
 #                                             tools (bench/sanitize.py --tools), one summary line each
-#   bash bench/device_batch.sh COMMIT verify  the suites written since the last GPU run (dropout under CUDA graphs,
-#                                             non-finite inputs, MLA with FlashMLA's signature), then the cached
-#                                             load time and one L1 suite through FA_GEN_FAST_LOAD=1
+#   bash bench/device_batch.sh COMMIT verify  the newest suites (adversarial shapes, non-finite inputs, dropout,
+#                                             MLA), then the cached load time and the forward L1 suite
+#                                             through FA_GEN_FAST_LOAD=1
 #   bash bench/device_batch.sh COMMIT dropout  dropout speed rows: p = 0.1 vs p = 0 vs FA2 (bench/bench_dropout.py)
 #   bash bench/device_batch.sh COMMIT e2e     a 1B Llama-style model in transformers, fa_gen vs SDPA:
 #                                             prefill and decode tokens/s, attention share (bench/bench_e2e.py)
@@ -50,7 +50,7 @@ elif [[ $part == new ]]; then
   done
 elif [[ $part == verify ]]; then
   export FA_GEN_L1_EXAMPLES=${FA_GEN_L1_EXAMPLES:-25}
-  for suite in test_gpu_dropout test_gpu_nonfinite test_gpu_mla; do
+  for suite in test_gpu_adversarial test_gpu_nonfinite test_gpu_dropout test_gpu_mla; do
     python -m pytest -q -p no:cacheprovider "tests/$suite.py" "$@" > "$out/$suite.log" 2>&1
     echo "$suite: $(tail -1 "$out/$suite.log")"
   done
