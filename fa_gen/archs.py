@@ -7,7 +7,7 @@ Families register themselves in preference order; the first one whose
 
 from __future__ import annotations
 
-from .arch_table import ARCHS, ArchInfo, arch_for_capability, arch_info  # noqa: F401 (the registry's names)
+from .arch_table import ARCHS, BLACKWELL_ARCHS, ArchInfo, arch_for_capability, arch_info, named_by  # noqa: F401 (the registry's names)
 from .errors import UnsupportedError
 from .families import REGISTRY
 from .spec import Spec
@@ -51,5 +51,6 @@ def family_named(name: str):
 
 
 def supported_archs(spec: Spec) -> tuple[str, ...]:
-    """Every registered arch that some family can implement `spec` on (the default `archs`)."""
-    return tuple(a for a in ARCHS if not why_not(spec, a))
+    """Every registered arch, family-portable `f` targets aside, that some family can implement
+    `spec` on (the default `archs`; an `f` target is built when a spec or a call names it)."""
+    return tuple(a for a, info in ARCHS.items() if not info.portable and not why_not(spec, a))

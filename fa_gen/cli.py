@@ -22,6 +22,10 @@ def _cmd_list(args) -> int:
     print("\nhead dims each family serves (qk, or qk/v; a spec takes the first family that serves it):")
     for family in REGISTRY:
         print(f"  {family.name:8s} {','.join(family.archs):40s} {family.served_head_dims()}")
+    print("\nhow each (family, arch) was verified:")
+    for family in REGISTRY:
+        for archs, how in family.verification():
+            print(f"  {family.name:8s} {','.join(archs):40s} {how}")
     return 0
 
 

@@ -268,7 +268,7 @@ def load_kernel_function(spec: Spec, arch: str, family_name: str | None = None, 
 def load_target(target: Target):
     """Render `target`, then compile it or load it from the cache: (callable, BuildInfo)."""
     spec, arch, family, kind = target.spec, target.arch, target.family, target.kind
-    if arch not in spec.archs:
+    if not archs.named_by(arch, spec.archs):
         raise UnsupportedError(f"spec {spec.name!r} on {arch}",
                                [f"the spec targets {', '.join(spec.archs)}; add {arch} to its archs"])
     backend = get_backend(family.backend)

@@ -24,6 +24,10 @@ class Family:
         """The (qk, v) head dims this family's forward and backward take, in words (`fa-gen list`)."""
         return ""
 
+    def verification(self) -> list[tuple[tuple[str, ...], str]]:
+        """(archs, how kernels for them were verified) for `fa-gen list` and the README."""
+        return [(self.archs, "compiled only")]
+
     def kernel_files(self, spec: Spec | None = None) -> dict[str, tuple[str, str]]:
         """Every kernel kind this family renders (for `spec`, when given): kind -> (template,
         rendered filename); an extra kind that `kind_reasons` refuses for `spec` is left out."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
-from ..arch_table import arch_info
+from ..arch_table import BLACKWELL_ARCHS, arch_info
 from ..spec import DType, Spec
 from .base import Family, dtype_and_head_dim_reasons, head_dims_text
 from .warp_tiles import padded_head_dim, smem_atom_cols, tile_reasons
@@ -131,11 +131,18 @@ def _candidates(head_dim_qk: int, head_dim_v: int, causal_like: bool) -> list[Ti
 
 class Sm80Family(Family):
     name = "sm80"
-    archs = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120a")
+    # Blackwell too (every `a` and `f` target): mma.sync, ldmatrix and cp.async run there as on
+    # Ampere, the instructions the H200 and H100 verify; tcgen05 is a family of its own to come.
+    archs = ("sm_80", "sm_86", "sm_89", "sm_90a", *BLACKWELL_ARCHS)
     tuning_params = ("tile_m", "tile_n", "num_warps")
     extra_kernels = {"backward": ("backward.py.j2", "backward.py")}
     # Score mods, mask expressions and sink logits, in the forward and the backward.
     supports_expressions = True
+
+    def verification(self):
+        older = tuple(a for a in self.archs if a not in BLACKWELL_ARCHS)
+        return [(older, "L1 on H100 and H200 (sm_90a, family=\"sm80\"); the other archs: the same templates, compiled"),
+                (BLACKWELL_ARCHS, "compiled only (CI builds a shipped spec for each); no Blackwell GPU here")]
 
     def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
         """Varlen and split-KV forwards (templates/common/seqlen.j2, splitkv.j2) and the varlen

@@ -186,6 +186,9 @@ def _longest_first(spec: Spec) -> bool:
 class Sm90Family(Family):
     name = "sm90"
     archs = ("sm_90a",)
+
+    def verification(self):
+        return [(self.archs, "L1 (float64 reference, hypothesis) on H100 and H200")]
     backend = "cute_dsl"
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks",
                      "persist_l2_groups")

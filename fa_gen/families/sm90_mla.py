@@ -23,6 +23,9 @@ class Sm90MlaFamily(Family):
     name = "sm90_mla"
     archs = ("sm_90a",)
 
+    def verification(self):
+        return [(self.archs, "L1 on H100 (tests/test_gpu_mla.py)")]
+
     def served_head_dims(self) -> str:
         return f"{head_dims_text([MLA_HEAD_DIMS])} (MLA decode: fa_gen.mla_decode)"
 
