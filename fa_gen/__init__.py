@@ -76,11 +76,11 @@ def merge_attention_states(outs, lses):
 
 
 def __getattr__(name):
-    # `fa_gen.reference` without importing torch at package import time.
-    if name == "reference":
+    # `fa_gen.reference` and `fa_gen.distributed` without importing torch at package import time.
+    if name in ("reference", "distributed"):
         import importlib
 
-        return importlib.import_module(".reference", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(name)
 
 
