@@ -91,18 +91,36 @@ def test_block_classification_at_global_positions():
     assert classify(window, c, b) == PARTIAL and classify(window, c, a) == HIDDEN and classify(window, c, c) == DIAGONAL
 
 
-def test_kernel_blocks_refuse_what_needs_a_position_shift():
+def test_kernel_blocks_refuse_what_a_shift_does_not_move():
+    from fa_gen.distributed.blocks import kernel_reasons
+
     with pytest.raises(UnsupportedError, match="mask expression"):
         KernelBlocks(resolve_spec("document"))
-    with pytest.raises(UnsupportedError, match="reads positions"):
+    with pytest.raises(UnsupportedError, match="score mod reads positions"):
         KernelBlocks(resolve_spec("alibi"))
-    KernelBlocks(resolve_spec("softcap"))   # a score mod of the score alone is served
     window = load_spec({"name": "w", "dtype": "bf16", "head_dim": 64, "mask": {"kind": "sliding_window", "left": 5, "right": 0}})
-    with pytest.raises(UnsupportedError, match="off the diagonal"):
-        KernelBlocks(window)._spec_for(Chunk(16, 0, 8), Chunk(8, 0, 8))
+    # The window's diagonal and a score mod of the score alone: served.
+    assert kernel_reasons(resolve_spec("softcap")) == [] and kernel_reasons(window) == []
     with pytest.raises(UnsupportedError, match="sink logit"):
         simulate_ring_attention(*_qkv(resolve_spec("sink_logit"), 1, 8, torch.Generator().manual_seed(0)),
                                 "sink_logit", 2)
+
+
+def test_shifted_kinds_are_rendered_where_the_shift_is_all_that_moves():
+    """forward_shifted / backward_shifted: per-call kinds of the sm90 and sm80 families, refused for
+    mask expressions; the kernels take the offset as their last parameter (after the spec's inputs)."""
+    from fa_gen.render import render_target
+    from fa_gen.target import resolve_target
+
+    for arch, family in (("sm_90a", "sm90"), ("sm_80", "sm80")):
+        for kind in ("forward_shifted", "backward_shifted"):
+            target = resolve_target(resolve_spec("softcap"), arch, kind)
+            assert target.family.name == family
+            text = render_target(target).text
+            assert "key_offset = position_shift" in text
+            assert text.index("x_softcap: Float32") < text.index("position_shift: Int32")
+        with pytest.raises(UnsupportedError, match="mask expression"):
+            resolve_target(resolve_spec("document"), arch, "forward_shifted")
 
 
 def test_bad_calls_are_refused():

@@ -30,7 +30,8 @@ def _step(x: torch.Tensor, dtype) -> float:
     return float(x.abs().max()) * torch.finfo(dtype).eps if x.numel() else 0.0
 
 
-@pytest.mark.parametrize("name", ["full_bf16_d128", "causal_bf16_d128", "causal_fp16_d64", "softcap"])
+@pytest.mark.parametrize("name", ["full_bf16_d128", "causal_bf16_d128", "causal_fp16_d64", "softcap",
+                                  "sliding_window_bf16_d128", "causal_topleft_fp16_d96"])
 @pytest.mark.parametrize("world,layout", [(2, "contiguous"), (2, "zigzag"), (3, "zigzag"), (4, "zigzag")])
 def test_kernel_ring_matches_whole_sequence_reference(name, world, layout):
     spec = resolve_spec(name)

@@ -16,10 +16,9 @@ single GPU, or the CPU with blocks="reference"): the test of the ring's logic wi
 GPU. blocks: "kernels" (fa_gen's compiled kernels; the default on CUDA tensors) or "reference"
 (float64 torch at global positions; out and lse float64).
 
-Served now: masks none / causal / sliding window and score mods that read no position on the
-kernels (a block partly visible off the diagonal is refused with the reason: the kernels take no
-runtime position shift yet); every mask, mask expression and score mod on the reference blocks.
-Sink logits are refused on both.
+Served now: on the kernels, masks none / causal / sliding window (either alignment) and score
+mods that read no position (the shifted kinds move the window's diagonal per block); on the
+reference blocks, every mask, mask expression and score mod. Sink logits are refused on both.
 """
 
 from __future__ import annotations

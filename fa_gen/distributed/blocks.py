@@ -5,12 +5,11 @@ ReferenceBlocks (float64 torch, any device): the spec's masks, score mods and ma
 evaluated at global positions (q_idx, kv_idx in the whole sequence; seqlen_q = seqlen_k = its
 length), from the spec's definition as fa_gen.reference has it: the oracle of the ring's logic.
 
-KernelBlocks (fa_gen's compiled kernels): each (query chunk, key chunk) pair is classified at
-global positions: hidden (skipped), full (the spec with no mask), or diagonal (the same positions
-on both sides: the spec's own mask, whose alignment offset is then 0). A partial block off the
-diagonal (a sliding window reaching into the previous chunk) and expressions that read
-positions would need the kernels to take a runtime diagonal shift; they are refused with the
-reason.
+KernelBlocks (fa_gen's compiled kernels): the `forward_shifted` and `backward_shifted` kinds of
+the sm90 / sm80 families, whose window mask takes its diagonal offset as a runtime value: a block
+of queries at q0 against keys at k0 is the spec's mask shifted by q0 - k0. Hidden blocks are
+skipped. Mask expressions and score mods or sinks that read positions are refused with the
+reason (the shift moves the window only).
 
 Every backward takes the ring's merged output and LSE of the query rows: a block's gradients
 are then exactly its share of the whole attention's (dS = P (dP - D), D = rowsum(dO O), P from
@@ -19,18 +18,15 @@ the global LSE).
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from ..errors import UnsupportedError
 from ..spec import MaskKind, Spec
 from ..variant.bind import bind_inputs
 from ..variant.emit_torch import emit_torch
-from ..variant.tree import names_used
+from ..families.base import position_reasons
 from .layout import Chunk
 
-POSITION_NAMES = frozenset({"q_idx", "kv_idx", "seqlen_q", "seqlen_k"})
 HIDDEN, FULL, DIAGONAL, PARTIAL = "hidden", "full", "diagonal", "partial"
 
 
@@ -110,52 +106,59 @@ class ReferenceBlocks:
         return dq, dk, dv
 
 
-class KernelBlocks:
-    """Blocks through fa_gen's compiled forward and backward kernels (one GPU)."""
+class _WithShift:
+    """A shifted kind's compiled function with the call's diagonal offset appended (the kernels
+    take it as their last parameter), so that Kernel and Backward call it as they call any."""
 
-    def __init__(self, spec: Spec, inputs=None, deterministic: bool = False):
+    def __init__(self, function):
+        self.function, self.shift = function, 0
+
+    def __call__(self, *args):
+        return self.function(*args, self.shift)
+
+
+class KernelBlocks:
+    """Blocks through fa_gen's compiled `forward_shifted` / `backward_shifted` kinds (one GPU):
+    the spec's window mask with its diagonal moved by (query chunk start - key chunk start), a
+    runtime value, so one kernel of each serves every block of the ring."""
+
+    def __init__(self, spec: Spec, inputs=None, deterministic: bool = False, arch: str | None = None):
+        from ..backward import Backward
+        from ..runtime import Kernel, current_arch, load_target
+        from ..target import resolve_target
+
         reasons = kernel_reasons(spec)
         if reasons:
             raise UnsupportedError(f"ring attention of spec {spec.name!r} on fa_gen's kernels", reasons)
         self.spec, self.inputs, self.deterministic = spec, inputs, deterministic
-        self.full = dataclasses.replace(spec, name=f"{spec.name}_ring_full", mask=MaskKind.NONE, window_left=None,
-                                        window_right=None)
-
-    def _spec_for(self, qc: Chunk, kc: Chunk) -> Spec | None:
-        kind = classify(self.spec, qc, kc)
-        if kind == PARTIAL:
-            raise UnsupportedError(f"ring attention of spec {self.spec.name!r} on fa_gen's kernels", [
-                f"query chunk at {qc.start} and key chunk at {kc.start} are partly visible off the diagonal; the "
-                "kernels align masks within a call and take no runtime position shift yet (use chunks at least "
-                "as long as the window reaches, or ReferenceBlocks)"])
-        return None if kind == HIDDEN else self.full if kind == FULL else self.spec
+        arch = arch or current_arch()
+        function, info = load_target(resolve_target(spec, arch, "forward_shifted"))
+        self._forward_shift = _WithShift(function)
+        self._forward = Kernel(spec, arch, self._forward_shift, info)
+        self._forward._variants = []          # the shifted kind serves every length
+        function, info = load_target(resolve_target(spec, arch, "backward_shifted"))
+        self._backward_shift = _WithShift(function)
+        self._backward = Backward(spec, arch, self._backward_shift, info)
 
     def forward(self, q, k, v, qc: Chunk, kc: Chunk):
-        from ..runtime import build
-
-        spec = self._spec_for(qc, kc)
-        if spec is None:
+        if classify(self.spec, qc, kc) == HIDDEN:
             return None
-        return build(spec).forward(q.contiguous(), k.contiguous(), v.contiguous(), inputs=self.inputs)
+        self._forward_shift.shift = qc.start - kc.start
+        return self._forward.forward(q.contiguous(), k.contiguous(), v.contiguous(), inputs=self.inputs)
 
     def backward(self, dout, q, k, v, out, lse, qc: Chunk, kc: Chunk):
-        from ..backward import build_backward
-
-        spec = self._spec_for(qc, kc)
-        if spec is None:
+        if classify(self.spec, qc, kc) == HIDDEN:
             return None
+        self._backward_shift.shift = qc.start - kc.start
         parts = (t.contiguous() for t in (dout, q, k, v, out, lse))
-        return build_backward(spec)(*parts, deterministic=self.deterministic, inputs=self.inputs)
+        return self._backward(*parts, deterministic=self.deterministic, inputs=self.inputs)
 
 
 def kernel_reasons(spec: Spec) -> list[str]:
-    """Why the kernel blocks cannot serve `spec` whatever the layout (empty: they can)."""
-    reasons = []
-    if spec.mask is MaskKind.EXPR:
-        reasons.append("a mask expression is evaluated at the positions of one call; the kernels take no runtime "
-                       "position shift yet (ReferenceBlocks evaluates it at global positions)")
-    if spec.score_mod_expr is not None and names_used(spec.score_mod_tree) & POSITION_NAMES:
-        reasons.append("the score mod reads positions, which the kernels see per call, not in the whole sequence")
+    """Why the kernel blocks cannot serve `spec` (empty: they can): the shifted kinds move the
+    window's diagonal and nothing else (fa_gen.families.base.position_reasons), and the ring's
+    merge adds no sink."""
+    reasons = position_reasons(spec)
     if spec.sink_expr is not None:
         reasons.append("a sink logit enters each row's softmax once; the ring's merge does not add it yet")
     return reasons

@@ -88,3 +88,21 @@ def dtype_and_head_dim_reasons(spec: Spec, dtypes, head_dims) -> list[str]:
 def head_dims_text(pairs) -> str:
     """(qk, v) pairs as `fa-gen list` shows them: 128, or 192/128 where qk and v differ."""
     return ", ".join(f"{q}" if q == v else f"{q}/{v}" for q, v in pairs)
+
+
+# Names an expression reads that a shifted call (queries and keys elsewhere in a longer sequence) changes.
+POSITION_NAMES = frozenset({"q_idx", "kv_idx", "seqlen_q", "seqlen_k"})
+
+
+def position_reasons(spec: Spec) -> list[str]:
+    """Why `spec` has no shifted kinds: those move the window mask's diagonal by a runtime offset
+    and nothing else."""
+    from ..variant.tree import names_used
+
+    reasons = []
+    if spec.mask_expr is not None:
+        reasons.append("a mask expression reads positions, which a shifted call does not move")
+    for label, tree in (("score mod", spec.score_mod_tree), ("sink", spec.sink_tree)):
+        if tree is not None and names_used(tree) & POSITION_NAMES:
+            reasons.append(f"the {label} reads positions, which a shifted call does not move")
+    return reasons

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from ..arch_table import BLACKWELL_ARCHS, arch_info
 from ..spec import DType, Spec
-from .base import Family, dtype_and_head_dim_reasons, head_dims_text
+from .base import Family, dtype_and_head_dim_reasons, head_dims_text, position_reasons
 from .warp_tiles import padded_head_dim, smem_atom_cols, tile_reasons
 from .expressions import backward_expression_context, expression_context
 from ..variant.tree import names_used
@@ -45,6 +45,10 @@ DROPOUT_KINDS = {"forward_dropout": "forward.py.j2", "backward_dropout": "backwa
 
 # Backward kinds: the fixed-length one (in generated/) and the varlen one (rendered on demand).
 BACKWARD_KINDS = ("backward", "backward_varlen")
+
+# Fixed-length forward and backward whose diagonal offset is a runtime value (context
+# parallelism: a block of queries against a block of keys elsewhere in the sequence), per call.
+SHIFTED_KINDS = {"forward_shifted": "forward.py.j2", "backward_shifted": "backward.py.j2"}
 
 # The (qk, v) head dims whose tiles were measured. The forward and the backward take every pair
 # of multiples of 8 from 8 to 256 (padded_head_dim: columns up to whole swizzle atoms).
@@ -153,11 +157,17 @@ class Sm80Family(Family):
         kinds = {kind: (self.forward_template, f"{kind}.py") for kind, call in INFERENCE_KINDS.items()
                  if call.pack == 1 or packable}
         dropout = {kind: (template, f"{kind}.py") for kind, template in DROPOUT_KINDS.items()}
-        return {**kinds, **dropout, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
+        shifted = {} if position_reasons(spec) else {kind: (t, f"{kind}.py") for kind, t in SHIFTED_KINDS.items()}
+        return {**kinds, **dropout, **shifted, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
+
+    def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
+        return position_reasons(spec) if kind in SHIFTED_KINDS else []
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
         if kind == "forward_dropout":
             return {"dropout": True}
+        if kind == "forward_shifted":
+            return {"shifted": True}
         if kind == "forward_varlen_dropout":
             whole = INFERENCE_KINDS["forward_varlen"]
             return {**whole._asdict(), **_unlisted(expression_context(spec)), "dropout": True}
@@ -173,7 +183,7 @@ class Sm80Family(Family):
                                                            padded_head_dim(spec.head_dim_v), smem,
                                                            _SPLIT_REGS_PER_THREAD)
             return context
-        if kind not in BACKWARD_KINDS and kind not in ("backward_dropout", "backward_varlen_dropout"):
+        if kind not in BACKWARD_KINDS and kind not in ("backward_dropout", "backward_varlen_dropout", "backward_shifted"):
             return {}
         cfg = backward_tile_config(spec, arch)
         # Query tiles first to last where no right window bounds them from below (every key
@@ -186,6 +196,7 @@ class Sm80Family(Family):
         return {"bwd": asdict(cfg), "smem_atom_cols_pds": smem_atom_cols(cfg.tile_n),
                 "bwd_ascending": ascending, "expr": expr, "listed": bool(expr and expr["mask"]),
                 "dq_atomic_width": _dq_atomic_width(arch), "varlen": varlen, "dropout": kind.endswith("_dropout"),
+                "shifted": kind == "backward_shifted",
                 **(_unlisted(expr) if varlen else {})}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:
@@ -228,6 +239,7 @@ class Sm80Family(Family):
             # Call features (kind_context sets them for the inference and dropout kinds).
             "varlen": False,
             "dropout": False,
+            "shifted": False,
             "split": False,
             "pack": 1,
             "paged": False,

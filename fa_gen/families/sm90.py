@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ..arch_table import arch_info
 from ..spec import DType, Spec
-from .base import Family, dtype_and_head_dim_reasons, head_dims_text
+from .base import Family, dtype_and_head_dim_reasons, head_dims_text, position_reasons
 from .warp_tiles import padded_head_dim
 from . import sm90_backward
 from .expressions import expression_context
@@ -120,6 +120,10 @@ VARLEN_KIND = "forward_varlen"
 # The fixed-length forward with attention dropout (templates/common/dropout.j2), per call.
 DROPOUT_KIND = "forward_dropout"
 VARLEN_DROPOUT_KIND = "forward_varlen_dropout"
+# The fixed-length forward whose diagonal offset is a runtime value (context parallelism: a
+# block of queries against a block of keys elsewhere in the sequence), per call.
+SHIFTED_KIND = "forward_shifted"
+SHIFTED_BACKWARD_KIND = "backward_shifted"
 _SHORT_TILES = {
     (64, 64): ShortTiles(1024, TileConfig(128, 128, 2, 2)),
     (256, 256): ShortTiles(1024, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
@@ -205,6 +209,10 @@ class Sm90Family(Family):
         """The varlen forward (templates/common/seqlen.j2); the split-KV and GQA-packed decode
         kinds are the sm80 family's."""
         kinds = {DROPOUT_KIND: (self.forward_template, f"{DROPOUT_KIND}.py")}
+        if not shifted_reasons(spec):
+            kinds[SHIFTED_KIND] = (self.forward_template, f"{SHIFTED_KIND}.py")
+            if not sm90_backward.backward_reasons(spec, self.archs[0]):
+                kinds[SHIFTED_BACKWARD_KIND] = ("backward.py.j2", f"{SHIFTED_BACKWARD_KIND}.py")
         if not varlen_reasons(spec):
             kinds[VARLEN_KIND] = (self.forward_template, f"{VARLEN_KIND}.py")
             kinds[VARLEN_DROPOUT_KIND] = (self.forward_template, f"{VARLEN_DROPOUT_KIND}.py")
@@ -215,10 +223,14 @@ class Sm90Family(Family):
             return {"varlen": True}
         if kind == DROPOUT_KIND:
             return {"dropout": True}
+        if kind == SHIFTED_KIND:
+            return {"shifted": True}
         if kind == VARLEN_DROPOUT_KIND:
             return {"varlen": True, "dropout": True}
         if kind == SHORT_KIND:
             return self._tile_context(spec, arch, _SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].tile)
+        if kind == SHIFTED_BACKWARD_KIND:
+            return {**sm90_backward.kind_context(spec, arch), "shifted": True}
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
 
     def served_head_dims(self) -> str:
@@ -231,6 +243,10 @@ class Sm90Family(Family):
             return varlen_reasons(spec)
         if kind == SHORT_KIND:
             return short_tiles_reasons(spec)
+        if kind == SHIFTED_KIND:
+            return shifted_reasons(spec)
+        if kind == SHIFTED_BACKWARD_KIND:
+            return shifted_reasons(spec) + sm90_backward.backward_reasons(spec, self.archs[0])
         return sm90_backward.backward_reasons(spec, self.archs[0]) if kind == "backward" else []
 
     def forward_variants(self, spec: Spec, arch: str) -> list[tuple[int, str]]:
@@ -266,6 +282,7 @@ class Sm90Family(Family):
             # Call features (kind_context sets them for the per-call kinds).
             "varlen": False,
             "dropout": False,
+            "shifted": False,
         }
 
     def _tile_context(self, spec: Spec, arch: str, cfg: TileConfig) -> dict:
@@ -315,3 +332,8 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         reasons.append(f"tuning: tiles need {need} bytes of shared memory; {arch} has {smem} "
                        "(fewer stages or a smaller tile_n)")
     return reasons
+
+
+def shifted_reasons(spec: Spec) -> list[str]:
+    """Why no shifted forward serves `spec` (fa_gen.families.base.position_reasons)."""
+    return position_reasons(spec)
