@@ -1,5 +1,6 @@
-"""Attention dropout: the `forward_dropout` kinds (the sm90 family's on Hopper, the sm80 family's
-elsewhere) and the sm80 family's `backward_dropout` and varlen kinds.
+"""Attention dropout: the `forward_dropout` and `backward_dropout` kinds (the sm90 family's on
+Hopper, where its backward's narrow layout serves the spec; the sm80 family's elsewhere) and the
+sm80 family's varlen kinds.
 
     seed, offset = draw_rng_state(q.device)             # from PyTorch's CUDA generator
     out, lse = forward_dropout(spec, q, k, v, 0.1, seed, offset)
@@ -123,11 +124,12 @@ def forward_dropout(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 def backward_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      out: torch.Tensor, lse: torch.Tensor, dropout_p: float, seed: int | torch.Tensor,
-                     offset: int | None, deterministic: bool = False, inputs=None, arch: str | None = None):
+                     offset: int | None, deterministic: bool = False, inputs=None, arch: str | None = None,
+                     family: str | None = None):
     """(dq, dk, dv) of forward_dropout's output `out` (with its `lse`) for the upstream `dout`,
-    under the same (dropout_p, seed, offset)."""
+    under the same (dropout_p, seed, offset); `family` forces a template family (tests)."""
     _check_draw(dropout_p, seed, offset)
-    backward = _backward(spec, arch or current_arch())
+    backward = _backward(spec, arch or current_arch(), family)
     backward._check(dout, q, k, v, out, lse)
     extra = backward._extra_arguments(q, k, inputs, None)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -182,9 +184,11 @@ def backward_varlen_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: 
 
 
 @functools.lru_cache(maxsize=None)
-def _backward(spec: Spec, arch: str) -> Backward:
-    """The compiled backward_dropout kind (the sm80 family's), with the backward's checks and plans."""
-    function, info = load_target(resolve_target(spec, arch, BACKWARD_KIND, family="sm80"))
+def _backward(spec: Spec, arch: str, family: str | None = None) -> Backward:
+    """The compiled backward_dropout kind of `family`, else of the first family that renders it
+    (Hopper's own in its narrow layout, fa_gen.families.sm90_backward.dropout_reasons; the sm80
+    family's elsewhere), with the backward's checks and plans."""
+    function, info = load_target(resolve_target(spec, arch, BACKWARD_KIND, family))
     return Backward(spec, arch, function, info)
 
 

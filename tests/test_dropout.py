@@ -1,5 +1,5 @@
-"""L0 (CPU): the dropout forward kind renders and compiles for every arch of the sm80 family, with
-the Philox code only where dropout is on; forward_dropout's argument errors. The mask's mapping
+"""L0 (CPU): the dropout kinds render and compile (sm_80, and Hopper's own where they serve the
+spec), with the Philox code only where dropout is on; forward_dropout's argument errors. The mask's mapping
 and the reference are tests/test_philox.py's; the GPU suite is test_gpu_dropout.py."""
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ def test_dropout_kinds_compile(tmp_path, monkeypatch, arch, kind, marker):
     for name in ("causal_bf16_d128",) + (("chunked_causal", "softcap") if arch == "sm_90a" else ()):
         spec = resolve_spec(name)
         target = resolve_target(spec, arch, kind)
-        # Hopper's own dropout forwards (TMA, wgmma; its varlen one takes no mask expression);
-        # the sm80 kernels for the rest.
-        hopper = arch == "sm_90a" and kind.startswith("forward") and not (kind == "forward_varlen_dropout"
-                                                                            and spec.mask_expr is not None)
+        # Hopper's own dropout forwards (TMA, wgmma; its varlen one takes no mask expression) and
+        # fixed-length backward (its narrow layout: d128 here); the sm80 kernels for the rest.
+        hopper = arch == "sm_90a" and kind in ("forward_dropout", "backward_dropout") or (
+            arch == "sm_90a" and kind == "forward_varlen_dropout" and spec.mask_expr is None)
         assert target.family.name == ("sm90" if hopper else "sm80")
         text = render_target(target).text
+        if hopper and kind == "backward_dropout":
+            marker = "apply_keep_bits(acc_S_qk, keep, ops.rp_dropout)"
         assert "def philox4x32(" in text and marker in text
         path = tmp_path / f"{name}.o"
         compile_to_object(text, arch, path, label=name)

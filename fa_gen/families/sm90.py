@@ -124,6 +124,8 @@ VARLEN_DROPOUT_KIND = "forward_varlen_dropout"
 # block of queries against a block of keys elsewhere in the sequence), per call.
 SHIFTED_KIND = "forward_shifted"
 SHIFTED_BACKWARD_KIND = "backward_shifted"
+# The backward with attention dropout (the mask regenerated from the forward's draw), per call.
+BACKWARD_DROPOUT_KIND = "backward_dropout"
 _SHORT_TILES = {
     (64, 64): ShortTiles(1024, TileConfig(128, 128, 2, 2)),
     (256, 256): ShortTiles(1024, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
@@ -209,6 +211,8 @@ class Sm90Family(Family):
         """The varlen forward (templates/common/seqlen.j2); the split-KV and GQA-packed decode
         kinds are the sm80 family's."""
         kinds = {DROPOUT_KIND: (self.forward_template, f"{DROPOUT_KIND}.py")}
+        if not sm90_backward.dropout_reasons(spec, self.archs[0]):
+            kinds[BACKWARD_DROPOUT_KIND] = ("backward.py.j2", f"{BACKWARD_DROPOUT_KIND}.py")
         if not shifted_reasons(spec):
             kinds[SHIFTED_KIND] = (self.forward_template, f"{SHIFTED_KIND}.py")
             if not sm90_backward.backward_reasons(spec, self.archs[0]):
@@ -231,6 +235,8 @@ class Sm90Family(Family):
             return self._tile_context(spec, arch, _SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].tile)
         if kind == SHIFTED_BACKWARD_KIND:
             return {**sm90_backward.kind_context(spec, arch), "shifted": True}
+        if kind == BACKWARD_DROPOUT_KIND:
+            return sm90_backward.kind_context(spec, arch, dropout=True)
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
 
     def served_head_dims(self) -> str:
@@ -247,6 +253,8 @@ class Sm90Family(Family):
             return shifted_reasons(spec)
         if kind == SHIFTED_BACKWARD_KIND:
             return shifted_reasons(spec) + sm90_backward.backward_reasons(spec, self.archs[0])
+        if kind == BACKWARD_DROPOUT_KIND:
+            return sm90_backward.dropout_reasons(spec, self.archs[0])
         return sm90_backward.backward_reasons(spec, self.archs[0]) if kind == "backward" else []
 
     def forward_variants(self, spec: Spec, arch: str) -> list[tuple[int, str]]:

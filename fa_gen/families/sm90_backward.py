@@ -20,7 +20,7 @@ keys on N (wide, `keys_on_n`; head dim 192): S = Q K^T and dP = dO V^T unswapped
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..arch_table import arch_info
 from ..spec import Spec
@@ -176,12 +176,30 @@ def backward_reasons(spec: Spec, arch: str) -> list[str]:
     return []
 
 
-def kind_context(spec: Spec, arch: str) -> dict:
-    """Render context of the backward kind (added to the family's forward context)."""
-    problems = backward_reasons(spec, arch)
+def dropout_reasons(spec: Spec, arch: str) -> list[str]:
+    """Why the backward_dropout kind is not this template's for `spec` (the sm80 family's serves
+    it): it regenerates the mask in the narrow layout's keys-major S^T, on the lean schedule,
+    where dV's GEMM comes after dS (it takes the dropped P, dS the undropped one)."""
+    reasons = backward_reasons(spec, arch)
+    if reasons:
+        return reasons
+    cfg = backward_tile_config(spec, arch)
+    if cfg.wide or cfg.keys_on_n or cfg.tile_m % 64:
+        return ["backward with dropout: the Hopper kernel regenerates the mask in the narrow layout only (tiles "
+                f"here: {'wide' if cfg.wide else 'keys on N' if cfg.keys_on_n else f'tile_m {cfg.tile_m}'})"]
+    return []
+
+
+def kind_context(spec: Spec, arch: str, dropout: bool = False) -> dict:
+    """Render context of the backward kind (added to the family's forward context); `dropout`:
+    the backward_dropout kind, on the lean schedule (dropout_reasons)."""
+    problems = dropout_reasons(spec, arch) if dropout else backward_reasons(spec, arch)
     assert not problems, problems  # backward_family and kernel_files refuse these first
     cfg = backward_tile_config(spec, arch)
+    if dropout:
+        cfg = replace(cfg, lean=True)
     return {
+        "dropout": dropout,
         "bwd": {**asdict(cfg), "tile_n": cfg.tile_n, "dq_split_rows": cfg.dq_split_rows, "do_stages": cfg.dO_stages,
                 "pds_stages": cfg.PdS_stages},
         "bwd_mma_registers": MMA_REGISTERS,
