@@ -184,6 +184,10 @@ class Kernel(CompiledKernel):
 
 
 def _check_strides(name: str, t: torch.Tensor) -> None:
+    if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
+        raise InputError(f"{name} is a broadcast view (strides {t.stride()}, shape {tuple(t.shape)}): the kernels "
+                         "read every row where its stride says; pass the tensor it was expanded from (K/V over "
+                         "query heads: k[:, :, :1] is MQA) or .contiguous() (fa_gen.attention does the latter)")
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         raise InputError(f"{name} must have a contiguous last dimension; got strides {t.stride()}")
     if any(s % _STRIDE_ALIGN for s in t.stride()[:-1]) or t.data_ptr() % 16:

@@ -72,3 +72,11 @@ def test_gpu_suites_draw_only_families_with_a_forward():
 
     assert cute_dsl_families("sm_90a") == ["sm90", "sm80"]
     assert cute_dsl_families("sm_80") == ["sm80"]
+
+
+def test_a_broadcast_view_is_named_as_such(kernel):
+    """K/V expanded over heads (stride 0) would make the kernels read one row per head: refused
+    with what to pass instead (fa_gen.attention copies such views)."""
+    q, k, v = qkv(hkv=1)
+    with pytest.raises(InputError, match="broadcast view"):
+        kernel.forward(q, k.expand(2, 7, 4, 64), v.expand(2, 7, 4, 64))

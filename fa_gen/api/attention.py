@@ -32,6 +32,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
     # A Spec's key is a field read (a constant under torch.compile); passing the Spec object to
     # spec_key would make torch.compile reconstruct it, which torch 2.11 cannot do.
     key = spec.canonical if isinstance(spec, Spec) else autograd.spec_key(spec)
+    # A broadcast view (K/V expanded over heads with stride 0) is copied: its gradient then
+    # flows back through the expand, summed as autograd sums it.
+    q, k, v = (_materialized(t) for t in (q, k, v))
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     declared = spec_from_key(key)
@@ -47,3 +50,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
     refuse_missing_backward(key, "backward", q, k, v)
     out, lse = attention_forward(q, k, v, key, bool(deterministic), tensors, scalars)
     return (out, lse) if returns_lse(key) else out
+
+
+def _materialized(t):
+    """`t`, or a contiguous copy where a stride of 0 repeats rows (an expanded view)."""
+    if isinstance(t, torch.Tensor) and any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
+        return t.contiguous()
+    return t
