@@ -17,15 +17,16 @@
 #                                             host time (bench/long_run.py; --calls to shorten)
 #   bash bench/device_batch.sh COMMIT sanitize  every kernel kind once under compute-sanitizer's four
 #                                             tools (bench/sanitize.py --tools), one summary line each
-#   bash bench/device_batch.sh COMMIT verify  the newest suites (adversarial shapes, non-finite inputs, dropout,
-#                                             MLA), then the cached load time and the forward L1 suite
-#                                             through FA_GEN_FAST_LOAD=1
+#   bash bench/device_batch.sh COMMIT verify  the newest suites (adversarial shapes, the ring on one GPU, dropout
+#                                             with Hopper's backward, non-finite inputs, MLA), then the cached
+#                                             load time and the forward L1 suite (fast load is the default)
 #   bash bench/device_batch.sh COMMIT dropout  dropout speed rows: p = 0.1 vs p = 0 vs FA2 (bench/bench_dropout.py)
+#   bash bench/device_batch.sh COMMIT ring    context parallelism on every GPU of the host (torchrun; bench/bench_ring.py)
 #   bash bench/device_batch.sh COMMIT e2e     a 1B Llama-style model in transformers, fa_gen vs SDPA:
 #                                             prefill and decode tokens/s, attention share (bench/bench_e2e.py)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, dropout, mla, longrun, sanitize or e2e}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, dropout, mla, longrun, sanitize, ring or e2e}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -50,13 +51,11 @@ elif [[ $part == new ]]; then
   done
 elif [[ $part == verify ]]; then
   export FA_GEN_L1_EXAMPLES=${FA_GEN_L1_EXAMPLES:-25}
-  for suite in test_gpu_adversarial test_gpu_nonfinite test_gpu_dropout test_gpu_mla; do
+  for suite in test_gpu_adversarial test_gpu_distributed test_gpu_dropout test_gpu_nonfinite test_gpu_mla; do
     python -m pytest -q -p no:cacheprovider "tests/$suite.py" "$@" > "$out/$suite.log" 2>&1
     echo "$suite: $(tail -1 "$out/$suite.log")"
   done
-  FA_GEN_FAST_LOAD=1 python bench/load_time.py causal_bf16_d128 2>&1 | tee "$out/load_fast.log"
-  FA_GEN_FAST_LOAD=1 python -m pytest -q -p no:cacheprovider tests/test_gpu_forward.py > "$out/fast_load_forward.log" 2>&1
-  echo "test_gpu_forward under FA_GEN_FAST_LOAD=1: $(tail -1 "$out/fast_load_forward.log")"
+  python bench/load_time.py causal_bf16_d128 2>&1 | tee "$out/load_time.log"
 elif [[ $part == dropout ]]; then
   python bench/bench_dropout.py --commit "$commit" --out "$out" "$@" 2>&1 | tee "$out/bench_dropout.log"
 elif [[ $part == mla ]]; then
@@ -68,6 +67,9 @@ elif [[ $part == longrun ]]; then
   python bench/long_run.py --commit "$commit" --out "$out" "$@" 2>&1 | tee "$out/long_run.log"
 elif [[ $part == sanitize ]]; then
   python bench/sanitize.py --tools --out "$out" "$@" 2>&1 | tee "$out/sanitize.log"
+elif [[ $part == ring ]]; then
+  gpus=$(nvidia-smi --list-gpus | wc -l)
+  torchrun --standalone --nproc_per_node "$gpus" bench/bench_ring.py --commit "$commit" --out "$out" "$@" 2>&1 | tee "$out/bench_ring.log"
 elif [[ $part == e2e ]]; then
   python bench/bench_e2e.py --commit "$commit" --out "$out" --profile "$@" 2>&1 | tee "$out/bench_e2e.log"
 elif [[ $part == decode ]]; then
