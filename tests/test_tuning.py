@@ -12,9 +12,9 @@ BASE = "name: t\ndtype: bf16\nhead_dim: 128\n"
 
 def test_override_reaches_the_tile_and_the_render():
     # sm_80: an arch the sm80 family serves by preference (sm90 takes sm_90a).
-    tuned = spec_from_yaml_text(BASE + "tuning:\n  sm80: {tile_n: 64}\n", "t.yaml")
+    tuned = spec_from_yaml_text(BASE + "tuning:\n  sm80: {tile_n: 16}\n", "t.yaml")
     plain = spec_from_yaml_text(BASE, "t.yaml")
-    assert tile_config(tuned, "sm_80").tile_n == 64 and tile_config(plain, "sm_80").tile_n != 64
+    assert tile_config(tuned, "sm_80").tile_n == 16 and tile_config(plain, "sm_80").tile_n != 16
     assert tuned.sha256() != plain.sha256()
     assert render(tuned, "sm_80").text != render(plain, "sm_80").text
 
@@ -34,7 +34,7 @@ def test_sm90_override_reaches_the_render():
     # even where another family could serve the arch instead.
     ("tuning:\n  sm80: {tile_n: 24}\n", 5, "tuning.sm80: {tile_n: 24} cannot be used on any arch sm80 serves"),
     ("tuning:\n  sm80: {tile_m: 256, tile_n: 128}\n", 5, "would spill"),
-    ("tuning:\n  sm80: {tile_n: 64}\n  sm90: {tile_n: 24}\n", 6, "tuning.sm90:"),
+    ("tuning:\n  sm80: {tile_n: 16}\n  sm90: {tile_n: 24}\n", 6, "tuning.sm90:"),
     ("tuning: 3\n", 4, "expected a mapping of family -> parameters"),
 ])
 def test_bad_tuning_is_refused_with_its_line(tuning, line, message):

@@ -4,7 +4,7 @@
 
 Variant: fp16, head dims qk 64 / v 64, mask causal
 (window_left=None, window_right=0, bottom_right), softmax_scale=0.125.
-Tiles: 128 query rows x 128 key rows per step, 4 warps, 2 K/V stages.
+Tiles: 128 query rows x 64 key rows per step, 4 warps, 2 K/V stages.
 
 One CTA computes one query tile of one head: Q stays in shared memory, K and V tiles
 stream through a two-stage cp.async ring, visited from the last key tile to the first so
@@ -24,7 +24,7 @@ DTYPE = cutlass.Float16
 HEAD_DIM_QK = 64
 HEAD_DIM_V = 64
 TILE_M = 128
-TILE_N = 128
+TILE_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
 # Columns of one swizzle atom (a 128-byte row where the head dim allows, else 64 bytes).
@@ -219,14 +219,14 @@ class FlashAttentionForward:
         # [diagonal + r, diagonal + r + 0] (unbounded where no window).
         n_block_diagonal = m_block * 128 + key_offset
         # Key tiles this query tile visits: [n_block_lo, n_block_hi).
-        n_block_hi = cute.ceil_div(seqlen_k, 128)
+        n_block_hi = cute.ceil_div(seqlen_k, 64)
         # ... up to the last row's right edge,
-        n_block_hi = cutlass.min(n_block_hi, cute.ceil_div(cutlass.max(n_block_diagonal + 128, 0), 128))
+        n_block_hi = cutlass.min(n_block_hi, cute.ceil_div(cutlass.max(n_block_diagonal + 128, 0), 64))
         n_block_lo = Int32(0)
         # Tiles every row sees in full, [n_block_free_lo, n_block_free_hi): inside seqlen_k,
-        n_block_free_hi = seqlen_k // 128
+        n_block_free_hi = seqlen_k // 64
         # ... left of the first row's right edge,
-        n_block_free_hi = cutlass.min(n_block_free_hi, cutlass.max(n_block_diagonal + 1, 0) // 128)
+        n_block_free_hi = cutlass.min(n_block_free_hi, cutlass.max(n_block_diagonal + 1, 0) // 64)
         n_block_free_lo = n_block_lo
         # Keep lo <= free_lo <= free_hi <= hi.
         n_block_free_hi = cutlass.max(cutlass.min(n_block_free_hi, n_block_hi), n_block_lo)

@@ -4,7 +4,7 @@
 
 Variant: bf16, head dims qk 128 / v 128, mask none
 (window_left=None, window_right=None, bottom_right), softmax_scale=0.08838834764831845.
-Tiles: 128 query rows x 64 key rows per step, 4 warps, 2 K/V stages.
+Tiles: 128 query rows x 32 key rows per step, 4 warps, 2 K/V stages.
 
 One CTA computes one query tile of one head: Q stays in shared memory, K and V tiles
 stream through a two-stage cp.async ring, visited from the last key tile to the first so
@@ -24,7 +24,7 @@ DTYPE = cutlass.BFloat16
 HEAD_DIM_QK = 128
 HEAD_DIM_V = 128
 TILE_M = 128
-TILE_N = 64
+TILE_N = 32
 NUM_WARPS = 4
 NUM_STAGES = 2
 # Columns of one swizzle atom (a 128-byte row where the head dim allows, else 64 bytes).
@@ -217,10 +217,10 @@ class FlashAttentionForward:
         # [diagonal + r, diagonal + r] (unbounded where no window).
         n_block_diagonal = m_block * 128 + key_offset
         # Key tiles this query tile visits: [n_block_lo, n_block_hi).
-        n_block_hi = cute.ceil_div(seqlen_k, 64)
+        n_block_hi = cute.ceil_div(seqlen_k, 32)
         n_block_lo = Int32(0)
         # Tiles every row sees in full, [n_block_free_lo, n_block_free_hi): inside seqlen_k,
-        n_block_free_hi = seqlen_k // 64
+        n_block_free_hi = seqlen_k // 32
         n_block_free_lo = n_block_lo
         # Keep lo <= free_lo <= free_hi <= hi.
         n_block_free_hi = cutlass.max(cutlass.min(n_block_free_hi, n_block_hi), n_block_lo)
