@@ -77,14 +77,14 @@ def _candidates(head_dim: int) -> list[TileConfig]:
 class Sm75Family(Family):
     name = "sm75"
     archs = (NATIVE_ARCH,)
-
-    def verification(self):
-        return [(self.archs, "compiled for sm_75; its L1 runs the same source compiled for the H100/H200 "
-                             "(no Turing GPU here)")]
     backend = "nvrtc"
     forward_template = "forward.cu.j2"
     forward_filename = "forward.cu"
     tuning_params = ("tile_m", "tile_n", "num_warps")
+
+    def verification(self):
+        return [(self.archs, "compiled for sm_75; its L1 runs the same source compiled for the H100/H200 "
+                             "(no Turing GPU here)")]
 
     def served_head_dims(self) -> str:
         return f"forward: {', '.join(map(str, HEAD_DIMS))} (qk = v); no backward"
