@@ -35,6 +35,14 @@ def merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, par
     lse.copy_(new)
 
 
+def _block_pairs(layout: Layout, rank: int, source: int):
+    """(query chunk, key chunk, its rows in the query shard, its rows in the K/V shard) for every
+    chunk of rank `rank`'s queries against every chunk of rank `source`'s keys."""
+    for qc in layout.chunks(rank):
+        for kc in layout.chunks(source):
+            yield qc, kc, slice(qc.offset, qc.offset + qc.length), slice(kc.offset, kc.offset + kc.length)
+
+
 def forward_program(rank: int, layout: Layout, blocks, q, k, v, accumulate=torch.float32):
     """Rank `rank`'s forward: (out (b, Lq, hq, dv), lse (b, hq, Lq)), both in `accumulate`."""
     batch, length, heads, _ = q.shape
@@ -44,14 +52,10 @@ def forward_program(rank: int, layout: Layout, blocks, q, k, v, accumulate=torch
     for step in range(layout.world):
         last = step + 1 == layout.world
         handle = None if last else (yield ("start", kv))
-        source = (rank - step) % layout.world
-        for qc in layout.chunks(rank):
-            rows = slice(qc.offset, qc.offset + qc.length)
-            for kc in layout.chunks(source):
-                keys = slice(kc.offset, kc.offset + kc.length)
-                part = blocks.forward(q[:, rows], kv[0][:, keys], kv[1][:, keys], qc, kc)
-                if part is not None:
-                    merge_into(out[:, rows], lse[:, :, rows], *part)
+        for qc, kc, rows, keys in _block_pairs(layout, rank, (rank - step) % layout.world):
+            part = blocks.forward(q[:, rows], kv[0][:, keys], kv[1][:, keys], qc, kc)
+            if part is not None:
+                merge_into(out[:, rows], lse[:, :, rows], *part)
         if not last:
             kv = yield ("wait", handle)
     return out, lse
@@ -68,16 +72,13 @@ def backward_program(rank: int, layout: Layout, blocks, q, k, v, out, lse, dout,
         last = step + 1 == layout.world
         kv_handle = None if last else (yield ("start", kv))
         source = (rank - step) % layout.world
-        for qc in layout.chunks(rank):
-            rows = slice(qc.offset, qc.offset + qc.length)
-            for kc in layout.chunks(source):
-                keys = slice(kc.offset, kc.offset + kc.length)
-                grads = blocks.backward(dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows],
-                                        lse[:, :, rows], qc, kc)
-                if grads is not None:
-                    dq[:, rows] += grads[0]
-                    dkv[0][:, keys] += grads[1]
-                    dkv[1][:, keys] += grads[2]
+        for qc, kc, rows, keys in _block_pairs(layout, rank, source):
+            grads = blocks.backward(dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows],
+                                    lse[:, :, rows], qc, kc)
+            if grads is not None:
+                dq[:, rows] += grads[0]
+                dkv[0][:, keys] += grads[1]
+                dkv[1][:, keys] += grads[2]
         # dK/dV of shard `source` go on with it; after the last step the hop takes them home.
         dkv_handle = yield ("start", dkv)
         if not last:
