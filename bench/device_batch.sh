@@ -21,12 +21,14 @@
 #                                             with Hopper's backward, non-finite inputs, MLA), then the cached
 #                                             load time and the forward L1 suite (fast load is the default)
 #   bash bench/device_batch.sh COMMIT dropout  dropout speed rows: p = 0.1 vs p = 0 vs FA2 (bench/bench_dropout.py)
+#   bash bench/device_batch.sh COMMIT fp8     the fp8 forward: its L1 suite, then TFLOP/s beside fa_gen bf16, cuDNN and FA4
+#                                             with the tile sweep (bench/bench_fp8.py --sweep)
 #   bash bench/device_batch.sh COMMIT ring    context parallelism on every GPU of the host (torchrun; bench/bench_ring.py)
 #   bash bench/device_batch.sh COMMIT e2e     a 1B Llama-style model in transformers, fa_gen vs SDPA:
 #                                             prefill and decode tokens/s, attention share (bench/bench_e2e.py)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, dropout, mla, longrun, sanitize, ring or e2e}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, fp8, dropout, mla, longrun, sanitize, ring or e2e}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -56,6 +58,11 @@ elif [[ $part == verify ]]; then
     echo "$suite: $(tail -1 "$out/$suite.log")"
   done
   python bench/load_time.py causal_bf16_d128 2>&1 | tee "$out/load_time.log"
+elif [[ $part == fp8 ]]; then
+  export FA_GEN_L1_EXAMPLES=${FA_GEN_L1_EXAMPLES:-60}
+  python -m pytest -q -p no:cacheprovider tests/test_gpu_fp8.py > "$out/test_gpu_fp8.log" 2>&1
+  echo "test_gpu_fp8: $(tail -1 "$out/test_gpu_fp8.log")"
+  python bench/bench_fp8.py --commit "$commit" --out "$out" --sweep "$@" 2>&1 | tee "$out/bench_fp8.log"
 elif [[ $part == dropout ]]; then
   python bench/bench_dropout.py --commit "$commit" --out "$out" "$@" 2>&1 | tee "$out/bench_dropout.log"
 elif [[ $part == mla ]]; then

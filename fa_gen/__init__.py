@@ -25,6 +25,14 @@ def attention(q, k, v, spec, deterministic=None, inputs=None, dropout_p=0.0):
     return _attention(q, k, v, spec, deterministic, inputs, dropout_p)
 
 
+def attention_fp8(q, k, v, spec, q_descale=None, k_descale=None, v_descale=None, inputs=None):
+    """Attention over float8 e4m3 q, k, v with per-(batch, kv head) descale factors, forward only;
+    see `fa_gen.api.fp8` (fa_gen.fp8.quantize makes the inputs)."""
+    from .api import attention_fp8 as _attention_fp8
+
+    return _attention_fp8(q, k, v, spec, q_descale, k_descale, v_descale, inputs)
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options):
     """Differentiable attention over a packed (varlen) batch; see `fa_gen.api.varlen`."""
     from .api import attention_varlen as _attention_varlen
@@ -76,8 +84,8 @@ def merge_attention_states(outs, lses):
 
 
 def __getattr__(name):
-    # `fa_gen.reference` and `fa_gen.distributed` without importing torch at package import time.
-    if name in ("reference", "distributed"):
+    # `fa_gen.reference`, `fa_gen.distributed` and `fa_gen.fp8` without importing torch at package import time.
+    if name in ("reference", "distributed", "fp8"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)
@@ -86,7 +94,7 @@ def __getattr__(name):
 
 __all__ = [
     "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
-    "SpecError", "UnsupportedError", "attention", "attention_varlen", "attention_with_kvcache", "build",
+    "SpecError", "UnsupportedError", "attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "build",
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "load_spec", "merge_attention_states",
     "mla_decode",
     "__version__",

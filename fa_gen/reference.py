@@ -135,3 +135,34 @@ def attention_same_precision(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         scale = dropout.scale(*probs.shape, device=probs.device, dtype=torch.float32)
         probs = (probs.float() * scale).to(q.dtype)
     return torch.einsum("bhqk,bkhd->bqhd", probs, vx)
+
+
+def attention_fp8_same_precision(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, descales, spec: Spec, *,
+                                 inputs=None, p_shift: int = 8) -> torch.Tensor:
+    """The yardstick of fp8 kernels: what PyTorch computes rounding what such a kernel rounds.
+
+    q8, k8, v8 in float8_e4m3fn, `descales` (q, k, v) as (batch, heads_kv) float32 tensors. Scores
+    in float32 from the e4m3 values, scaled by softmax_scale * q_descale * k_descale; softmax in
+    float32; P times 2^p_shift rounded to e4m3 for P @ V (float32), the sums taken unrounded; O
+    divided by the sum and 2^p_shift, times v_descale. Returns float32 (batch, seqlen_q, heads_q, dv).
+    """
+    heads_q = q8.shape[2]
+    group = heads_q // k8.shape[2]
+    qd, kd, vd = (d.float().repeat_interleave(group, dim=1) for d in descales)  # (b, heads_q)
+    kx = _expand_kv_heads(k8.float(), heads_q)
+    vx = _expand_kv_heads(v8.float(), heads_q)
+    scale = (qd * kd * spec.softmax_scale)[:, :, None, None]
+    scores = torch.einsum("bqhd,bkhd->bhqk", q8.float(), kx) * scale
+    scores, sink = _logits(scores, spec, inputs)
+    top = scores.amax(dim=-1, keepdim=True)
+    if sink is not None:
+        top = torch.maximum(top, sink.unsqueeze(-1))
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    probs = torch.exp(scores - top) * 2.0 ** p_shift
+    total = probs.sum(dim=-1)
+    if sink is not None:
+        total = total + torch.exp(sink - top[..., 0]) * 2.0 ** p_shift
+    p8 = probs.to(torch.float8_e4m3fn).float()
+    out = torch.einsum("bhqk,bkhd->bqhd", p8, vx)
+    norm = torch.where(total > 0, vd[:, :, None] / total, torch.zeros_like(total))  # (b, h, sq)
+    return out * norm.permute(0, 2, 1).unsqueeze(-1)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import archs, env
+from . import archs, env, fp8
 from .backends import get_backend
 from .cache import CacheKey, default_cache
 from .errors import InputError, UnsupportedError
@@ -26,9 +26,9 @@ from .spec import DType, Spec
 from .spec_load import load_spec
 from .target import Target, resolve_target
 
-_TORCH_DTYPES = {DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
-# Strides (in elements) must keep every 128-bit vector load aligned.
-_STRIDE_ALIGN = 8
+_TORCH_DTYPES = {DType.FP16: torch.float16, DType.BF16: torch.bfloat16, DType.FP8_E4M3: fp8.E4M3}
+# Strides (in bytes) must keep every 128-bit vector load aligned.
+_STRIDE_ALIGN_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class CompiledKernel:
         self.family = _family_of(info)
         self._function = function
         self._dtype = _TORCH_DTYPES[spec.dtype]
+        self._out_dtype = _TORCH_DTYPES[spec.output_dtype]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec.name!r}, arch={self.arch!r}, family={self.info.family!r})"
@@ -85,21 +86,24 @@ class Kernel(CompiledKernel):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor | None = None, lse: torch.Tensor | None = None, inputs=None,
-                plan: CallPlan | None = None):
+                plan: CallPlan | None = None, descales=None):
         """(out, lse) always; `out`/`lse` may be given preallocated (tests poison them).
 
         `inputs`: name -> tensor or number for the spec's declared inputs (fa_gen.variant);
         or `plan`: those inputs checked and classified once by `self.plan` (fa_gen.plan).
+        `descales`: fp8 specs only, (q_descale, k_descale, v_descale) (Fp8Kernel).
         """
         self._check(q, k, v)
         batch, seqlen_q, heads_q, _ = q.shape
         if out is None:
-            out = torch.empty((batch, seqlen_q, heads_q, self.spec.head_dim_v), dtype=q.dtype, device=q.device)
+            out = torch.empty((batch, seqlen_q, heads_q, self.spec.head_dim_v), dtype=self._out_dtype,
+                              device=q.device)
         if lse is None:
             lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+        operands = self._operands(q, k, v, out, lse, descales)
         if plan is None and not (self.spec.inputs or inputs or self.spec.mask_expr):
             if seqlen_q > 0:
-                self._function_for(seqlen_q, k.shape[1])(q, k, v, out, lse)
+                self._function_for(seqlen_q, k.shape[1])(*operands)
             return out, lse
         if plan is None:
             plan = self._plan_for_call(q, k, inputs)
@@ -108,8 +112,14 @@ class Kernel(CompiledKernel):
                 raise InputError("pass inputs or a plan (which holds its inputs), not both")
             plan.check_call(self.spec, self._tiles, q, k)
         if seqlen_q > 0:
-            self._function_for(seqlen_q, k.shape[1])(q, k, v, out, lse, *plan.arguments)
+            self._function_for(seqlen_q, k.shape[1])(*operands, *plan.arguments)
         return out, lse
+
+    def _operands(self, q, k, v, out, lse, descales) -> tuple:
+        """The kernel's leading arguments."""
+        if descales is not None:
+            raise InputError(f"descale factors are for fp8 specs; {self.spec.name!r} is {self.spec.dtype.value}")
+        return q, k, v, out, lse
 
     def kind_for(self, seqlen_q: int, seqlen_k: int) -> str:
         """The forward kind that serves a call with these seqlens ("forward" or a variant's)."""
@@ -128,7 +138,7 @@ class Kernel(CompiledKernel):
             raise InputError(f"spec {self.spec.name!r} has no {kind!r} kernel in family {self.info.family}; "
                              f"it has forward{''.join(', ' + k for _, k in self._variants)}")
         function = self._function if kind == "forward" else self._variant_function(kind)
-        kernel = Kernel(self.spec, self.arch, function, self.info)
+        kernel = type(self)(self.spec, self.arch, function, self.info)
         kernel._variants = []
         return kernel
 
@@ -183,6 +193,25 @@ class Kernel(CompiledKernel):
             raise InputError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
 
 
+class Fp8Kernel(Kernel):
+    """The forward of an fp8 spec: e4m3 q, k, v, and per-(batch, kv head) descale factors
+    (`forward(..., descales=(q_descale, k_descale, v_descale))`, each None for 1). V goes to the
+    kernel transposed (fa_gen.fp8.transpose_v, one copy per call); O is in the spec's out_dtype."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs=None, descales=None):
+        out, lse = self.forward(q, k, v, inputs=inputs, descales=descales)
+        return (out, lse) if self.spec.return_lse else out
+
+    def _operands(self, q, k, v, out, lse, descales) -> tuple:
+        batch, heads_kv = k.shape[0], k.shape[2]
+        names = ("q_descale", "k_descale", "v_descale")
+        given = descales if descales is not None else (None, None, None)
+        if len(given) != 3:
+            raise InputError("descales must be (q_descale, k_descale, v_descale)")
+        scales = [fp8.descale_tensor(n, d, batch, heads_kv, q.device) for n, d in zip(names, given)]
+        return (q, k, fp8.transpose_v(v), out, lse, *scales)
+
+
 def _check_strides(name: str, t: torch.Tensor) -> None:
     if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
         raise InputError(f"{name} is a broadcast view (strides {t.stride()}, shape {tuple(t.shape)}): the kernels "
@@ -190,8 +219,9 @@ def _check_strides(name: str, t: torch.Tensor) -> None:
                          "query heads: k[:, :, :1] is MQA) or .contiguous() (fa_gen.attention does the latter)")
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         raise InputError(f"{name} must have a contiguous last dimension; got strides {t.stride()}")
-    if any(s % _STRIDE_ALIGN for s in t.stride()[:-1]) or t.data_ptr() % 16:
-        raise InputError(f"{name}: strides {t.stride()} (elements) must be multiples of {_STRIDE_ALIGN} "
+    align = _STRIDE_ALIGN_BYTES // t.element_size()
+    if any(s % align for s in t.stride()[:-1]) or t.data_ptr() % 16:
+        raise InputError(f"{name}: strides {t.stride()} (elements) must be multiples of {align} "
                          "and the data 16-byte aligned; call .contiguous() first")
 
 
@@ -260,7 +290,7 @@ def resolve_spec(spec: Spec | str | os.PathLike) -> Spec:
 
 def _build_uncached(spec: Spec, arch: str, family_name: str | None) -> Kernel:
     function, info = load_kernel_function(spec, arch, family_name, kind="forward")
-    return Kernel(spec, arch, function, info)
+    return (Fp8Kernel if spec.is_fp8 else Kernel)(spec, arch, function, info)
 
 
 def load_kernel_function(spec: Spec, arch: str, family_name: str | None = None, kind: str = "forward"):

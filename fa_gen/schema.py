@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import spec_load
 from .archs import ARCHS
-from .spec import SPEC_VERSION, Alignment, DType, MaskKind
+from .spec import FP8_OUT_DTYPES, SPEC_VERSION, Alignment, DType, MaskKind
 from .variant import language, spec_fields
 from .variant.inputs import SCALAR_TYPES, TENSOR_DTYPES
 
@@ -24,7 +24,9 @@ from .variant.inputs import SCALAR_TYPES, TENSOR_DTYPES
 def json_schema() -> dict:
     properties = {
         "name": _name(),
-        "dtype": _enum(DType, "Element type of q, k, v and the output."),
+        "dtype": _enum(DType, "Element type of q, k, v (and of the output, except for fp8_e4m3)."),
+        "out_dtype": {"enum": [d.value for d in FP8_OUT_DTYPES],
+                      "description": "fp8_e4m3 specs only: the output's element type (default bf16)."},
         "head_dim": _head_dim(),
         "mask": _mask(),
         "score_mod": _expression(

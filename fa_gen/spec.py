@@ -26,6 +26,13 @@ SPEC_VERSION = 1
 class DType(str, Enum):
     FP16 = "fp16"
     BF16 = "bf16"
+    # Q, K and V in float8 e4m3 (torch.float8_e4m3fn) with per-(batch, kv head) descale factors;
+    # the output in Spec.out_dtype (fa_gen.api.fp8).
+    FP8_E4M3 = "fp8_e4m3"
+
+
+# The output dtypes an fp8 spec may name (`out_dtype`); 16-bit specs write their own dtype.
+FP8_OUT_DTYPES = (DType.BF16, DType.FP16)
 
 
 class MaskKind(str, Enum):
@@ -49,7 +56,7 @@ class Alignment(str, Enum):
 
 # Fields added after version 1 shipped: in the canonical JSON only when set, so that
 # every spec written without them keeps its identity (and its cache entries).
-_SET_ONLY = ("mask_expr", "score_mod_expr", "sink_expr", "inputs")
+_SET_ONLY = ("mask_expr", "score_mod_expr", "sink_expr", "inputs", "out_dtype")
 
 
 # Every Spec made in this process, by its canonical JSON: the custom ops carry that string (an op
@@ -99,6 +106,8 @@ class Spec:
     score_mod_expr: str | None = None
     sink_expr: str | None = None
     inputs: tuple[InputDecl, ...] = ()
+    # fp8 specs: the dtype O is written in (bf16 or fp16); None for 16-bit specs (O in `dtype`).
+    out_dtype: DType | None = None
     # Where the spec came from: for messages only, never part of identity.
     source: str | None = field(default=None, compare=False, repr=False)
     # The canonical JSON (identity, cache keys, the custom ops' spec_key), made once at
@@ -114,6 +123,15 @@ class Spec:
         # Unpickled (a worker process's copy): reachable by its key there too.
         self.__dict__.update(state)
         _BY_KEY.setdefault(self.canonical, self)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype is DType.FP8_E4M3
+
+    @property
+    def output_dtype(self) -> DType:
+        """The dtype of O: `out_dtype` for fp8 specs, else the inputs' dtype."""
+        return self.out_dtype or self.dtype
 
     @property
     def is_masked(self) -> bool:

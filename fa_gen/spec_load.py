@@ -32,11 +32,11 @@ from .errors import SpecError
 from .spec_text import did_you_mean as _did_you_mean, is_int as _is_int, not_allowed as _not_allowed
 from .spec_text import show as _show, show_typed as _show_typed, type_name as _type_name
 from .families import REGISTRY
-from .spec import MLA_HEAD_DIMS, Alignment, DType, MaskKind, Spec
+from .spec import FP8_OUT_DTYPES, MLA_HEAD_DIMS, Alignment, DType, MaskKind, Spec
 from .variant import spec_fields
 from .variant.language import Role
 
-TOP_KEYS = ("name", "dtype", "head_dim", "mask", "score_mod", "sink", "inputs", "softmax_scale", "archs",
+TOP_KEYS = ("name", "dtype", "out_dtype", "head_dim", "mask", "score_mod", "sink", "inputs", "softmax_scale", "archs",
             "return_lse", "tuning")
 REQUIRED_KEYS = ("name", "dtype", "head_dim")
 HEAD_DIM_KEYS = ("qk", "v")
@@ -101,6 +101,7 @@ def spec_from_mapping(data, path: str | None = None, *, check_archs: bool = True
     top.check_keys(TOP_KEYS, REQUIRED_KEYS)
     # Fields are checked in the order a spec is usually written, so the first error is the topmost.
     name, dtype = _name(top), _enum(top, "dtype", DType)
+    out_dtype = _out_dtype(top, dtype)
     head_dim_qk, head_dim_v = _head_dims(top)
     # Inputs before the expressions that read them.
     inputs = spec_fields.read_inputs(top)
@@ -114,6 +115,7 @@ def spec_from_mapping(data, path: str | None = None, *, check_archs: bool = True
     spec = Spec(
         name=name,
         dtype=dtype,
+        out_dtype=out_dtype,
         head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v,
         mask=mask,
@@ -284,6 +286,18 @@ def _enum(node: _Node, key, enum_cls, members=None):
     raise node.error(key, _not_allowed(value, allowed))
 
 
+def _out_dtype(top: _Node, dtype: DType) -> DType | None:
+    """fp8 specs: the output dtype (bf16 unless `out_dtype` says fp16); 16-bit specs have none."""
+    if dtype is not DType.FP8_E4M3:
+        if "out_dtype" in top.data:
+            raise top.error("out_dtype", f"only fp8 specs name an output dtype; a {dtype.value} spec "
+                                         f"writes {dtype.value}")
+        return None
+    if "out_dtype" not in top.data:
+        return DType.BF16
+    return _enum(top, "out_dtype", DType, FP8_OUT_DTYPES)
+
+
 def _bool(node: _Node, key, *, default: bool) -> bool:
     value = node.data.get(key, default)
     if not isinstance(value, bool):
@@ -434,7 +448,7 @@ def _default_archs(top: _Node, spec: Spec) -> tuple[str, ...]:
 # What each field is set to when asking "would the spec be implementable without this value?"
 _BASELINES = (
     ("head_dim", {"head_dim_qk": 128, "head_dim_v": 128}),
-    ("dtype", {"dtype": DType.BF16}),
+    ("dtype", {"dtype": DType.BF16, "out_dtype": None}),
     ("mask", {"mask": MaskKind.NONE, "window_left": None, "window_right": None,
               "alignment": Alignment.BOTTOM_RIGHT, "mask_expr": None}),
     ("score_mod", {"score_mod_expr": None}),

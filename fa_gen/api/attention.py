@@ -10,7 +10,9 @@ from .. import autograd
 from ..autograd import _inputs_as_lists, _refuse_gradients, attention_forward, differentiable_input_names
 from ..autograd import refuse_missing_backward, returns_lse, spec_from_key
 from ..spec import Spec
+from ..errors import UnsupportedError
 from .dropout import attention_dropout, check_dropout_p
+from .fp8 import attention_fp8
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike,
@@ -38,6 +40,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     declared = spec_from_key(key)
+    if declared.is_fp8:
+        # e4m3 inputs, descale factors 1 (attention_fp8 takes them): forward only.
+        if check_dropout_p(dropout_p) > 0:
+            raise UnsupportedError(f"dropout with spec {declared.name!r}", ["fp8 inputs have no dropout kernel"])
+        return attention_fp8(q, k, v, declared, inputs=inputs)
     if check_dropout_p(dropout_p) > 0:
         out, lse = attention_dropout(q, k, v, declared, float(dropout_p), bool(deterministic), inputs)
         return (out, lse) if declared.return_lse else out

@@ -72,11 +72,16 @@ class TileConfig:
         return self._smem_bytes(head_dim_qk, head_dim_v,
                                 separate_o=not self.o_shares_q(head_dim_qk, head_dim_v, smem_limit))
 
-    def _smem_bytes(self, head_dim_qk: int, head_dim_v: int, separate_o: bool, elem_bytes: int = 2) -> int:
+    def _smem_bytes(self, head_dim_qk: int, head_dim_v: int, separate_o: bool, in_bytes: int = 2) -> int:
+        """Q and the K/V ring in the inputs' dtype (`in_bytes`), O in 16 bits."""
         q = self.tile_m * head_dim_qk
         kv = self.num_stages * self.tile_n * (head_dim_qk + head_dim_v)
-        o = self.tile_m * head_dim_v if separate_o else 0
-        return (q + kv + o) * elem_bytes + _SMEM_OVERHEAD
+        o = self.tile_m * head_dim_v * 2 if separate_o else 0
+        return (q + kv) * in_bytes + o + _SMEM_OVERHEAD
+
+    def fp8_smem_bytes(self, head_dim_qk: int, head_dim_v: int) -> int:
+        """fp8 inputs: O (16-bit) always has a buffer of its own (Q's, 8-bit, is too small)."""
+        return self._smem_bytes(head_dim_qk, head_dim_v, separate_o=True, in_bytes=1)
 
 
 # Per (head_dim_qk, head_dim_v): 128 query rows (two consumer warpgroups) except at head dim 64,
@@ -114,6 +119,18 @@ class ShortTiles:
     tile: TileConfig
 
 
+# fp8 (e4m3) inputs, by padded (qk, v): tiles with twice the keys per byte of shared memory; key
+# tiles a multiple of 32 (the K of an fp8 wgmma, and the span of the P-register key order,
+# fa_gen.api.fp8.key_order). Not swept yet: the bf16 shapes, O always in a buffer of its own.
+_FP8_TILES = {
+    (64, 64): TileConfig(192, 128, 2, 2),
+    (128, 128): TileConfig(128, 128, 2, 2),
+    (256, 256): TileConfig(128, 128, 2, 1),
+}
+FP8_HEAD_DIM_STEP = 16  # 16-byte TMA rows
+FP8_KEY_BLOCK = 32
+
+
 SHORT_KIND = "forward_short"
 # The forward of a packed (varlen) batch: rendered per call, not in generated/.
 VARLEN_KIND = "forward_varlen"
@@ -139,21 +156,31 @@ def padded_dims(spec: Spec) -> tuple[int, int]:
 
 def tile_config(spec: Spec) -> TileConfig:
     dims = padded_dims(spec)
-    default = _DEFAULT_TILES.get(dims) or _unmeasured_tile(*dims)
+    table = _FP8_TILES if spec.is_fp8 else _DEFAULT_TILES
+    default = table.get(dims) or _unmeasured_tile(table, *dims)
     return replace(default, **spec.tuning_for(Sm90Family.name))
 
 
-def _unmeasured_tile(head_dim_qk: int, head_dim_v: int) -> TileConfig:
+def _unmeasured_tile(table: dict, head_dim_qk: int, head_dim_v: int) -> TileConfig:
     """Tiles of a (padded) pair off the table: those of the measured dims at the next size up."""
     widest = max(head_dim_qk, head_dim_v)
-    for dims in ((64, 64), (128, 128), (192, 192), (256, 256)):
+    for dims in sorted(d for d in table if d[0] == d[1]):
         if widest <= dims[0]:
-            return _DEFAULT_TILES[dims]
+            return table[dims]
     raise ValueError(f"head dims ({head_dim_qk}, {head_dim_v}) exceed {MAX_HEAD_DIM}")
+
+
+def fp8_reasons(spec: Spec, kind: str) -> list[str]:
+    """Why an fp8 spec has no `kind` kernel in this family: the fixed-length forward only."""
+    if not spec.is_fp8 or kind == "forward":
+        return []
+    return [f"fp8 inputs: the fixed-length forward only (no {kind} kernel yet)"]
 
 
 def short_tiles_reasons(spec: Spec) -> list[str]:
     """Why `spec` gets no short-sequence kernel; empty when it does."""
+    if spec.is_fp8:
+        return fp8_reasons(spec, SHORT_KIND)
     if (spec.head_dim_qk, spec.head_dim_v) not in _SHORT_TILES:
         return [f"no short-sequence tile for head dims ({spec.head_dim_qk}, {spec.head_dim_v})"]
     if not _longest_first(spec):
@@ -176,12 +203,18 @@ def varlen_reasons(spec: Spec) -> list[str]:
 
 
 def _head_dim_reasons(spec: Spec) -> list[str]:
-    """qk and v each a multiple of HEAD_DIM_STEP up to MAX_HEAD_DIM (16-byte rows for TMA)."""
+    """qk and v each a multiple of HEAD_DIM_STEP (fp8: FP8_HEAD_DIM_STEP) up to MAX_HEAD_DIM
+    (16-byte rows for TMA)."""
     dims = (spec.head_dim_qk, spec.head_dim_v)
-    if all(d % HEAD_DIM_STEP == 0 and 0 < d <= MAX_HEAD_DIM for d in dims):
+    step = FP8_HEAD_DIM_STEP if spec.is_fp8 else HEAD_DIM_STEP
+    if all(d % step == 0 and 0 < d <= MAX_HEAD_DIM for d in dims):
         return []
     return [f"head_dim (qk {dims[0]}, v {dims[1]}) is not supported (qk and v each a multiple of "
-            f"{HEAD_DIM_STEP} from {HEAD_DIM_STEP} to {MAX_HEAD_DIM})"]
+            f"{step} from {step} to {MAX_HEAD_DIM}{' with fp8 inputs' if spec.is_fp8 else ''})"]
+
+
+# The DSL's element types of the spec dtypes.
+_DSL_DTYPES = {DType.BF16: "BFloat16", DType.FP16: "Float16", DType.FP8_E4M3: "Float8E4M3FN"}
 
 
 def _longest_first(spec: Spec) -> bool:
@@ -210,6 +243,8 @@ class Sm90Family(Family):
     def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
         """The varlen forward (templates/common/seqlen.j2); the split-KV and GQA-packed decode
         kinds are the sm80 family's."""
+        if spec.is_fp8:
+            return {}
         kinds = {DROPOUT_KIND: (self.forward_template, f"{DROPOUT_KIND}.py")}
         if not sm90_backward.dropout_reasons(spec, self.archs[0]):
             kinds[BACKWARD_DROPOUT_KIND] = ("backward.py.j2", f"{BACKWARD_DROPOUT_KIND}.py")
@@ -245,6 +280,8 @@ class Sm90Family(Family):
                 f"{head_dims_text(sm90_backward.served_pairs())} (others fall to the sm80 family)")
 
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
+        if spec.is_fp8:
+            return fp8_reasons(spec, kind)
         if kind == VARLEN_KIND:
             return varlen_reasons(spec)
         if kind == SHORT_KIND:
@@ -264,7 +301,7 @@ class Sm90Family(Family):
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
         dims = _head_dim_reasons(spec)
-        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), None) + dims
+        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16, DType.FP8_E4M3), None) + dims
         # Tile checks only mean something for a head dim the kernel takes.
         if not dims:
             reasons.extend(_tile_reasons(tile_config(spec), spec, arch))
@@ -281,7 +318,11 @@ class Sm90Family(Family):
             # Shared-memory / wgmma head dims: the spec's, rounded up to whole atoms where needed.
             "head_dim_qk_pad": dqk,
             "head_dim_v_pad": dv,
-            "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
+            "dtype_name": _DSL_DTYPES[spec.dtype],
+            # O's dtype (fp8 specs write bf16 or fp16).
+            "out_dtype_name": _DSL_DTYPES[spec.output_dtype],
+            "out_dtype_value": spec.output_dtype.value,
+            "fp8": spec.is_fp8,
             "softmax_scale_log2": spec.softmax_scale_log2,
             "num_sms": NUM_SMS,
             "longest_first": _longest_first(spec),
@@ -300,14 +341,16 @@ class Sm90Family(Family):
         smem = arch_info(arch).max_smem_per_block
         consumer_regs, producer_regs = REGISTER_SPLIT[cfg.num_consumer_warpgroups]
         dqk, dv = padded_dims(spec)
+        o_shares_q = not spec.is_fp8 and cfg.o_shares_q(dqk, dv, smem)
+        smem_bytes = cfg.fp8_smem_bytes(dqk, dv) if spec.is_fp8 else cfg.smem_bytes(dqk, dv, smem)
         return {
             "tile": asdict(cfg),
             "pingpong": cfg.pingpong_on,
             "num_consumer_warpgroups": cfg.num_consumer_warpgroups,
             "consumer_registers": consumer_regs,
             "producer_registers": producer_regs,
-            "o_shares_q": cfg.o_shares_q(dqk, dv, smem),
-            "smem_bytes": cfg.smem_bytes(dqk, dv, smem),
+            "o_shares_q": o_shares_q,
+            "smem_bytes": smem_bytes,
             "l2_kv_bytes": cfg.l2_kv_mb * 1024 * 1024,
         }
 
@@ -327,15 +370,17 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         reasons.append(f"tuning: pingpong {cfg.pingpong} must be 1 (off) or 2 (on)")
     if cfg.persist_l2_groups not in (1, 2):
         reasons.append(f"tuning: persist_l2_groups {cfg.persist_l2_groups} must be 1 (off) or 2 (on)")
-    # Per consumer thread: S (fp32), P (16-bit, two per register) and O (fp32) of 64 rows / 128 threads.
+    if spec.is_fp8 and cfg.tile_n % FP8_KEY_BLOCK:
+        reasons.append(f"tuning: tile_n {cfg.tile_n} must be a multiple of {FP8_KEY_BLOCK} with fp8 inputs")
+    # Per consumer thread: S (fp32), P (16-bit, two per register; fp8, four) and O (fp32) of 64 rows / 128 threads.
     dqk, dv = padded_dims(spec)
-    fragments = cfg.tile_n // 2 + cfg.tile_n // 4 + dv // 2
+    fragments = cfg.tile_n // 2 + cfg.tile_n // (8 if spec.is_fp8 else 4) + dv // 2
     budget = REGISTER_SPLIT[cfg.num_consumer_warpgroups][0] - _REGISTER_RESERVE
     if fragments > budget:
         reasons.append(f"tuning: S, P and O take {fragments} registers per thread; at most {budget} "
                        f"with {cfg.num_consumer_warpgroups} consumer warpgroups (smaller tile_n)")
     smem = arch_info(arch).max_smem_per_block
-    need = cfg.smem_bytes(dqk, dv, smem)
+    need = cfg.fp8_smem_bytes(dqk, dv) if spec.is_fp8 else cfg.smem_bytes(dqk, dv, smem)
     if need > smem:
         reasons.append(f"tuning: tiles need {need} bytes of shared memory; {arch} has {smem} "
                        "(fewer stages or a smaller tile_n)")

@@ -282,10 +282,10 @@ class FlashAttentionForward:
             SharedStorage,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
-    def _smem_layout(self, head_dim: int, shape):
+    def _smem_layout(self, head_dim: int, shape, dtype=DTYPE):
         """Row-major tiles of the widest swizzle the head dim allows (128 B rows; 64 B at 96)."""
-        atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, DTYPE, head_dim)
-        atom = warpgroup.make_smem_layout_atom(atom_kind, DTYPE)
+        atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, head_dim)
+        atom = warpgroup.make_smem_layout_atom(atom_kind, dtype)
         return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
 
     def _shared_storage(self, sQ_layout, sK_layout, sV_layout, sO_layout):

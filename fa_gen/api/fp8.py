@@ -1,0 +1,35 @@
+"""`fa_gen.attention_fp8`: attention over e4m3 inputs with FlashAttention-3's descale factors (forward only)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..errors import InputError
+from ..runtime import build, resolve_spec
+from ..spec import Spec
+
+
+def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | str | os.PathLike,
+                  q_descale=None, k_descale=None, v_descale=None, inputs=None):
+    """`out, lse = attention_fp8(q8, k8, v8, spec, q_descale, k_descale, v_descale)` (or `out` when
+    the spec has return_lse false) for an fp8 spec (`dtype: fp8_e4m3`) on Hopper.
+
+    q, k, v: (batch, seqlen, heads, d) torch.float8_e4m3fn (GQA/MQA as elsewhere); the inputs they
+    stand for are q * q_descale etc., each descale (batch, heads_kv) float32 (FlashAttention-3's
+    shape; a query head takes its kv head's factor), anything broadcasting to it, or None for 1.
+    fa_gen.fp8.quantize makes (x8, descale) from a 16-bit tensor. out is in the spec's out_dtype.
+    Scores are exact fp32 sums of e4m3 products; P goes to the second GEMM in e4m3 (scaled by
+    2^8, which the normalisation removes). Not differentiable.
+    """
+    declared = resolve_spec(spec)
+    if not declared.is_fp8:
+        raise InputError(f"attention_fp8 takes an fp8 spec (dtype: fp8_e4m3); {declared.name!r} is "
+                         f"{declared.dtype.value}: call fa_gen.attention")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (q_descale, k_descale, v_descale)):
+        raise InputError("attention_fp8 has no backward: descale factors that require grad are not supported")
+    kernel = build(declared)
+    out, lse = kernel.forward(q, k, v, inputs=inputs, descales=(q_descale, k_descale, v_descale))
+    return (out, lse) if declared.return_lse else out

@@ -1,0 +1,83 @@
+"""fp8 (e4m3) inputs on the kernel path: V's layout for the kernel, descale tensors, quantisation.
+
+The sm90 forward takes P V's B operand K-major (the only fp8 wgmma layout), so it reads V
+transposed: keys contiguous, and within each block of 32 keys in `key_order`, the order its
+P registers hold the keys in (templates/sm90/fp8.j2). `transpose_v` makes that tensor in one
+copy; the kernel's O is then exactly P V.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import InputError
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+# Keys per block of the P-register order (the K of one fp8 wgmma).
+KEY_BLOCK = 32
+
+
+def key_order() -> list[int]:
+    """For each position p of a 32-key block of V^T, the key it holds.
+
+    With p = 16 h + 4 t + a (h the 16-key half, t the lane within its quad, a in 0..3), an fp8
+    A fragment puts P[key] at p where the S accumulator of lane t holds key 8 (2 h + a // 2) +
+    2 t + a % 2: bits (p4, p3, p2, p1, p0) of p become bits (p4, p1, p3, p2, p0) of the key.
+    """
+    return [(p & 0b10001) | ((p & 0b00010) << 2) | ((p & 0b01100) >> 1) for p in range(KEY_BLOCK)]
+
+
+def padded_keys(seqlen_k: int) -> int:
+    return -(-seqlen_k // KEY_BLOCK) * KEY_BLOCK
+
+
+def transpose_v(v: torch.Tensor) -> torch.Tensor:
+    """(batch, seqlen_k, heads, d) e4m3 -> the kernel's V^T: a (batch, padded seqlen_k, heads, d)
+    view whose keys are contiguous (storage (batch, heads, d, padded)), zero keys past seqlen_k,
+    each 32-key block in key_order(). One pad and one copy."""
+    batch, seqlen_k, heads, dim = v.shape
+    padded = padded_keys(seqlen_k)
+    raw = v.view(torch.uint8)  # copy kernels need no fp8 support this way; 0x00 is +0.0
+    if padded != seqlen_k:
+        raw = torch.nn.functional.pad(raw, (0, 0, 0, 0, 0, padded - seqlen_k))
+    # Key bits (n4, n3, n2, n1, n0) -> positions (n4, n2, n1, n3, n0), see key_order.
+    blocks = raw.view(batch, padded // KEY_BLOCK, 2, 2, 2, 2, 2, heads, dim)
+    vt = blocks.permute(0, 7, 8, 1, 2, 4, 5, 3, 6).reshape(batch, heads, dim, padded)
+    return vt.view(E4M3).permute(0, 3, 1, 2)
+
+
+def descale_tensor(name: str, value, batch: int, heads_kv: int, device) -> torch.Tensor:
+    """A descale argument as the kernel reads it: (batch, heads_kv) float32, contiguous, on `device`.
+    None is 1; a number or a tensor that broadcasts to (batch, heads_kv) (FlashAttention-3's shape)."""
+    if value is None:
+        return torch.ones(batch, heads_kv, dtype=torch.float32, device=device)
+    t = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+    if not t.is_floating_point():
+        raise InputError(f"{name} must be a float tensor or number; got dtype {t.dtype}")
+    try:
+        t = torch.broadcast_to(t, (batch, heads_kv))
+    except RuntimeError:
+        raise InputError(f"{name} has shape {tuple(t.shape)}; expected (batch, heads_kv) = ({batch}, {heads_kv}) "
+                         "or a shape that broadcasts to it") from None
+    if t.device.type == "cuda" and t.device != torch.device(device):
+        raise InputError(f"{name} is on {t.device}; q is on {device}")
+    return t.to(device=device, dtype=torch.float32).contiguous()
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x8, descale): x (batch, seqlen, heads, d) in e4m3, scaled per (batch, head) so that its
+    largest magnitude is E4M3_MAX, and the (batch, heads) float32 factor with x ~= x8 * descale."""
+    if x.dim() != 4:
+        raise InputError(f"quantize takes (batch, seqlen, heads, d); got shape {tuple(x.shape)}")
+    amax = x.detach().abs().amax(dim=(1, 3)).float()
+    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    x8 = (x.float() / descale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return x8, descale
+
+
+def dequantize(x8: torch.Tensor, descale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """x8 * descale in `dtype`, with descale (batch, heads of x8 or fewer: one per group of heads)."""
+    group = x8.shape[2] // descale.shape[1]
+    per_head = descale.to(dtype).repeat_interleave(group, dim=1)
+    return x8.to(dtype) * per_head[:, None, :, None]

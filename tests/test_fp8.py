@@ -1,0 +1,146 @@
+"""fp8 (e4m3) specs without a GPU: the spec fields, which family serves what, V's layout for the
+kernel (the key order of the P registers), descale arguments, quantisation and the yardstick."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_gen import archs, fp8
+from fa_gen.errors import InputError, SpecError
+from fa_gen.families.sm90 import Sm90Family, tile_config
+from fa_gen.reference import attention_fp8_same_precision, attention_reference
+from fa_gen.spec import DType
+from fa_gen.spec_load import load_spec
+
+FP8 = {"name": "f8", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "causal"}
+
+
+def test_fp8_spec_defaults_to_bf16_output_and_keeps_16_bit_identities():
+    spec = load_spec(FP8)
+    assert spec.is_fp8 and spec.out_dtype is DType.BF16 and spec.output_dtype is DType.BF16
+    assert load_spec({**FP8, "out_dtype": "fp16"}).output_dtype is DType.FP16
+    bf16 = load_spec({**FP8, "dtype": "bf16"})
+    assert bf16.out_dtype is None and "out_dtype" not in bf16.canonical
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"dtype": "bf16", "out_dtype": "fp16"}, "only fp8 specs name an output dtype"),
+    ({"out_dtype": "fp8_e4m3"}, "out_dtype"),
+    ({"head_dim": 72}, "multiple of 16"),
+])
+def test_fp8_spec_errors(fields, message):
+    with pytest.raises(SpecError, match=message):
+        load_spec({**FP8, **fields})
+
+
+def test_only_the_hopper_forward_serves_fp8():
+    spec = load_spec(FP8)
+    assert archs.supported_archs(spec) == ("sm_90a",)
+    assert any("dtype fp8_e4m3 is not supported" in r for r in archs.why_not(spec, "sm_80"))
+    family = Sm90Family()
+    assert set(family.kernel_files(spec)) == {"forward"}
+    assert family.call_kinds(spec) == {}
+    for kind in ("backward", "forward_varlen", "forward_dropout", "forward_short"):
+        assert family.kind_reasons(spec, kind) == [f"fp8 inputs: the fixed-length forward only (no {kind} kernel yet)"]
+
+
+def test_fp8_tiles_are_whole_32_key_blocks():
+    for dim in (64, 128, 256):
+        assert tile_config(load_spec({**FP8, "head_dim": dim})).tile_n % fp8.KEY_BLOCK == 0
+    with pytest.raises(SpecError, match="multiple of 32"):
+        load_spec({**FP8, "tuning": {"sm90": {"tile_n": 112}}})
+
+
+# The wgmma layouts of an fp8 S = Q K^T accumulator (64 x 128) and of the fp8 A operand of P V
+# (64 x 32), thread -> value -> m + 64 * column, as cute prints them (tv_layout_C / tv_layout_A of
+# sm90_utils.make_trivial_tiled_mma with Float8E4M3FN operands).
+_TV_C = (((4, 8, 4), (128, 1, 16)), ((2, 2, 16), (64, 8, 512)))
+_TV_A = (((4, 8, 4), (256, 1, 16)), ((4, 2, 2), (64, 8, 1024)))
+
+
+def _offset(mode, index):
+    shape, stride = mode
+    total = 0
+    for size, step in zip(shape, stride):
+        total, index = total + index % size * step, index // size
+    return total
+
+
+def test_p_registers_hold_the_keys_v_transposed_puts_there():
+    """templates/sm90/fp8.j2 convert_fragment: A register word w of a thread takes accumulator
+    values base, base+1, base+4, base+5; the key behind A column k must be key_order's."""
+    order = fp8.key_order()
+    assert sorted(order) == list(range(32))
+    for thread in range(128):
+        for word in range(16):  # 4 words per 32-key block, 4 blocks of a 128-key tile
+            base = (word % 2) * 2 + (word // 2 % 2) * 8 + (word // 4) * 16
+            for a, value in enumerate((base, base + 1, base + 4, base + 5)):
+                c = _offset(_TV_C[0], thread) + _offset(_TV_C[1], value)
+                a_off = _offset(_TV_A[0], thread) + _offset(_TV_A[1], a + 4 * (word % 4))
+                row, column = a_off % 64, a_off // 64 + 32 * (word // 4)
+                assert row == c % 64
+                assert 32 * (column // 32) + order[column % 32] == c // 64
+
+
+def test_transpose_v_orders_keys_and_pads_with_zeros():
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(2, 70, 3, 16, generator=g).to(fp8.E4M3)
+    vt = fp8.transpose_v(v)
+    assert vt.shape == (2, 96, 3, 16) and vt.stride(1) == 1
+    order = fp8.key_order()
+    for position in range(96):
+        key = 32 * (position // 32) + order[position % 32]
+        want = v[:, key].float() if key < 70 else torch.zeros(2, 3, 16)
+        assert torch.equal(vt[:, position].float(), want)
+
+
+def test_descale_arguments():
+    ones = fp8.descale_tensor("q_descale", None, 2, 3, "cpu")
+    assert ones.shape == (2, 3) and ones.dtype == torch.float32 and bool((ones == 1).all())
+    assert fp8.descale_tensor("k_descale", 0.5, 2, 3, "cpu").eq(0.5).all()
+    per_head = fp8.descale_tensor("v_descale", torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64), 2, 3, "cpu")
+    assert per_head.is_contiguous() and per_head[1].tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(InputError, match="expected \\(batch, heads_kv\\) = \\(2, 3\\)"):
+        fp8.descale_tensor("q_descale", torch.ones(3, 2), 2, 3, "cpu")
+    with pytest.raises(InputError, match="float"):
+        fp8.descale_tensor("q_descale", torch.ones(2, 3, dtype=torch.int32), 2, 3, "cpu")
+
+
+def test_quantize_round_trip():
+    x = torch.randn(2, 33, 4, 64, generator=torch.Generator().manual_seed(1)) * 7
+    x8, descale = fp8.quantize(x)
+    assert x8.dtype == fp8.E4M3 and descale.shape == (2, 4)
+    assert x8.float().abs().amax().item() == fp8.E4M3_MAX
+    back = fp8.dequantize(x8, descale, torch.float32)
+    # e4m3: 3 mantissa bits (half a step is 2^-4 relative), subnormal steps of 2^-9 below 2^-6
+    assert ((back - x).abs() <= 2 ** -4 * x.abs() + 2 ** -10 * descale[:, None, :, None]).all()
+
+
+def test_yardstick_tracks_the_reference_at_fp8_precision():
+    """attention_fp8_same_precision (what a kernel rounding P to e4m3 computes) is close to the float64
+    reference of the dequantised inputs, and the P rounding is what separates them."""
+    spec = load_spec({**FP8, "head_dim": 64})
+    g = torch.Generator().manual_seed(2)
+    q8, k8, v8 = (torch.randn(1, 50, h, 64, generator=g).mul(20).to(fp8.E4M3) for h in (4, 2, 2))
+    descales = tuple(torch.rand(1, 2, generator=g) * 0.01 + 0.01 for _ in range(3))
+    ref, _ = attention_reference(*(fp8.dequantize(x, d) for x, d in zip((q8, k8, v8), descales)), spec)
+    same = attention_fp8_same_precision(q8, k8, v8, descales, spec)
+    err = (same.double() - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    assert 0 < err < 2 ** -4 * scale
+    exact_p = attention_fp8_same_precision(q8, k8, v8, descales, spec, p_shift=0)
+    assert (exact_p.double() - ref).abs().max().item() > 0  # still rounds P, at another scale
+
+
+def test_fp8_kernel_input_errors_without_a_gpu(monkeypatch):
+    from fa_gen.runtime import BuildInfo, Fp8Kernel
+
+    spec = load_spec(FP8)
+    kernel = Fp8Kernel(spec, "sm_90a", lambda *a: None, BuildInfo("sm_90a", "sm90", None, "forward.py", 0.0, False))
+    q = torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="built for torch.float8_e4m3fn"):
+        kernel(q, q, q)
+    q8 = torch.zeros(1, 8, 2, 128, dtype=fp8.E4M3)
+    with pytest.raises(InputError, match="multiples of 16"):
+        kernel(torch.zeros(1, 8, 2, 136, dtype=fp8.E4M3)[..., :128], q8, q8)

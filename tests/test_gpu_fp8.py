@@ -1,0 +1,138 @@
+"""L1: the fp8 (e4m3) forward (sm90 family) against the float64 reference of the dequantised inputs.
+
+The yardstick is fa_gen.reference.attention_fp8_same_precision, a PyTorch computation that rounds
+what the kernel rounds (scores in fp32 from e4m3, P in e4m3 with the same 2^8 scaling, P V in
+fp32); the kernel's error must be within twice its error plus one rounding of the output dtype.
+Inputs: random values scaled across e4m3's range (up to its limit, 448, and down into its
+subnormals), per-(batch, kv head) descales, masks, expression specs, GQA, odd lengths.
+
+Run on a GPU machine:  python -m pytest -m gpu tests/test_gpu_fp8.py
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fa_gen
+from fa_gen import fp8
+from fa_gen.check import _rounding_floor
+from fa_gen.reference import attention_fp8_same_precision, attention_reference
+from fa_gen.spec_load import load_spec
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="needs an sm_90 GPU (L1)"),
+]
+
+SOFTCAP = {"score_mod": {"expr": "softcap * tanh(score / softcap)"},
+           "inputs": {"softcap": {"scalar": "float", "default": 30.0, "min": 1.0}}}
+SPECS = [
+    load_spec({"name": "fp8_d128", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "none"}),
+    load_spec({"name": "fp8_d128_causal_fp16", "dtype": "fp8_e4m3", "out_dtype": "fp16", "head_dim": 128,
+               "mask": "causal"}),
+    load_spec({"name": "fp8_d64_causal", "dtype": "fp8_e4m3", "head_dim": 64, "mask": "causal"}),
+    load_spec({"name": "fp8_d256", "dtype": "fp8_e4m3", "head_dim": 256, "mask": "none"}),
+    load_spec({"name": "fp8_d80_window", "dtype": "fp8_e4m3", "head_dim": 80,
+               "mask": {"kind": "sliding_window", "left": 77, "right": 5}}),
+    load_spec({"name": "fp8_softcap", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "causal", **SOFTCAP}),
+    load_spec({"name": "fp8_sink", "dtype": "fp8_e4m3", "head_dim": 64, "mask": "causal",
+               "sink": {"expr": "sinks[h]"}, "inputs": {"sinks": {"shape": ["heads_q"], "dtype": "float32"}}}),
+]
+_OUT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def precompiled():
+    """Every spec's kernel compiled in parallel first (FA_GEN_PRECOMPILE_JOBS > 1), as the L1 suites do."""
+    jobs = int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0"))
+    if jobs > 1:
+        from fa_gen.precompile import precompile
+        from fa_gen.runtime import current_arch
+
+        precompile([(spec, current_arch()) for spec in SPECS], jobs=jobs)
+
+
+def _draw(gen, shape, magnitude):
+    """e4m3 values of about `magnitude` (the largest at most 448), and their (batch, heads) descale."""
+    x = torch.randn(*shape, generator=gen, device="cuda") * magnitude
+    x8 = x.clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(fp8.E4M3)
+    descale = torch.rand(shape[0], shape[2], generator=gen, device="cuda") * 0.02 + 0.005
+    return x8, descale
+
+
+def _check(spec, q8, k8, v8, descales, inputs=None):
+    out, lse = fa_gen.attention_fp8(q8, k8, v8, spec, *descales, inputs=inputs)
+    assert out.dtype == _OUT[spec.output_dtype.value]
+    q, k, v = (fp8.dequantize(x, d) for x, d in zip((q8, k8, v8), descales))
+    ref, ref_lse = attention_reference(q, k, v, spec, inputs=inputs)
+    same = attention_fp8_same_precision(q8, k8, v8, descales, spec, inputs=inputs)
+    tol = 2 * (same.double() - ref).abs().max().item() + _rounding_floor(ref, out.dtype) + 1e-6
+    err = (out.double() - ref).abs().max().item()
+    assert torch.isfinite(out).all(), f"{spec.name}: non-finite output"
+    assert err <= tol, f"{spec.name}: out err {err:.3e} > {tol:.3e} (yardstick {tol / 2:.3e})"
+    visible = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), visible)
+    if visible.any():
+        lse_err = (lse[visible].double() - ref_lse[visible]).abs().max().item()
+        assert lse_err <= 2e-3 + 1e-3 * ref_lse[visible].abs().max().item(), f"{spec.name}: lse err {lse_err:.3e}"
+    return err, tol
+
+
+@settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_fp8_forward_matches_reference(data, seed):
+    spec = data.draw(st.sampled_from(SPECS), label="spec")
+    batch, heads_kv = data.draw(st.integers(1, 2), label="batch"), data.draw(st.integers(1, 2), label="heads_kv")
+    group = data.draw(st.sampled_from((1, 4)), label="group")
+    seqlen_q, seqlen_k = data.draw(st.integers(1, 400), label="seqlen_q"), data.draw(st.integers(1, 400), label="seqlen_k")
+    # From well inside the range to its limit (448) and down to values near the subnormals.
+    magnitude = data.draw(st.sampled_from((0.05, 1.0, 30.0, 200.0)), label="magnitude")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    heads_q = heads_kv * group
+    q8, qd = _draw(g, (batch, seqlen_q, heads_q, spec.head_dim_qk), magnitude)
+    k8, kd = _draw(g, (batch, seqlen_k, heads_kv, spec.head_dim_qk), magnitude)
+    v8, vd = _draw(g, (batch, seqlen_k, heads_kv, spec.head_dim_v), magnitude)
+    qd = qd.view(batch, heads_kv, group)[..., 0]  # one q descale per kv head (FlashAttention-3's shape)
+    inputs = None
+    if spec.name == "fp8_softcap":
+        inputs = {"softcap": 5.0 + 45.0 * float(torch.rand((), generator=g, device="cuda"))}
+    elif spec.name == "fp8_sink":
+        inputs = {"sinks": torch.randn(heads_q, generator=g, device="cuda")}
+    _check(spec, q8, k8, v8, (qd, kd, vd), inputs)
+
+
+def test_fp8_quantized_bf16_inputs():
+    """The path users take: bf16 tensors through fa_gen.fp8.quantize (per (batch, head) scales; the
+    query heads of one kv head requantized with their shared descale), GQA 8/2, causal, odd length."""
+    spec = load_spec({"name": "fp8_causal_d128", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "causal"})
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (torch.randn(2, 1031, h, 128, generator=g, device="cuda").to(torch.bfloat16) for h in (8, 2, 2))
+    (k8, kd), (v8, vd) = fp8.quantize(k), fp8.quantize(v)
+    qd = fp8.quantize(q)[1].view(2, 2, 4).amax(-1)
+    q8 = (q.float() / qd.repeat_interleave(4, 1)[:, None, :, None]).to(fp8.E4M3)
+    _check(spec, q8, k8, v8, (qd, kd, vd))
+
+
+def test_fp8_empty_rows_and_default_descales():
+    """Rows that see no key (a top-left diagonal window, seqlen_q > seqlen_k) give O = 0 and LSE = -inf;
+    descales default to 1, and fa_gen.attention serves fp8 specs the same way."""
+    spec = load_spec({"name": "fp8_gap", "dtype": "fp8_e4m3", "head_dim": 64,
+                      "mask": {"kind": "sliding_window", "left": 0, "right": 0, "alignment": "top_left"}})
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q8, _ = _draw(g, (1, 100, 2, 64), 2.0)
+    k8, _ = _draw(g, (1, 40, 2, 64), 2.0)
+    v8, _ = _draw(g, (1, 40, 2, 64), 2.0)
+    out, lse = fa_gen.attention_fp8(q8, k8, v8, spec)
+    assert torch.equal(out[:, 40:], torch.zeros_like(out[:, 40:]))
+    assert torch.isneginf(lse[:, :, 40:]).all()
+    ones = tuple(torch.ones(1, 2, device="cuda") for _ in range(3))
+    _check(spec, q8, k8, v8, ones)
+    same, same_lse = fa_gen.attention(q8, k8, v8, spec)
+    assert torch.equal(same, out) and torch.equal(same_lse, lse)
