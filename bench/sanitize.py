@@ -11,7 +11,8 @@ the sanitized run (--tools runs the cases once unsanitized first; a warm FA_GEN_
 same): compute-sanitizer slows the JIT as much as the kernels. Cases: the fixed-length forward (and its short-sequence kind), the backward,
 varlen forward and backward, split-KV + combine (GQA-packed), the paged KV-cache call with an
 append, expression specs with tensor inputs (ALiBi slopes, sink logits), a padded head dim, and
-the dropout forward and backward, MLA decode (Hopper; contiguous and paged, NaN past each sequence).
+the dropout forward and backward, MLA decode (Hopper; contiguous and paged, NaN past each sequence),
+the fp8 forward (Hopper), the ring's shifted forward and backward, and the sm80 family on this GPU.
 """
 
 from __future__ import annotations
@@ -155,6 +156,48 @@ def mla():
     return ok
 
 
+def fp8_forward():
+    """The fp8 forward (Hopper), GQA, a window, odd lengths, against the dequantised reference."""
+    from fa_gen import fp8
+    from fa_gen.reference import attention_reference
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        return True  # Hopper's alone
+    spec = load_spec({"name": "sanitize_fp8", "dtype": "fp8_e4m3", "head_dim": 128,
+                      "mask": {"kind": "sliding_window", "left": 90, "right": 0}})
+    q8, k8, v8 = ((_randn(2, s, h, 128, dtype=torch.float32, seed=30 + i) * 20).to(fp8.E4M3)
+                  for i, (s, h) in enumerate(((333, 4), (517, 2), (517, 2))))
+    descales = tuple(torch.rand(2, 2, device="cuda") * 0.01 + 0.01 for _ in range(3))
+    out, lse = fa_gen.attention_fp8(q8, k8, v8, spec, *descales)
+    ref, _ = attention_reference(*(fp8.dequantize(x, d) for x, d in zip((q8, k8, v8), descales)), spec)
+    return bool(torch.isfinite(out).all()) and float((out.double() - ref).abs().max()) < 0.1 * float(ref.abs().max())
+
+
+def shifted():
+    """The ring's shifted forward and backward kinds (context parallelism), 3 simulated ranks, causal."""
+    from fa_gen.distributed import simulate_ring_attention
+    from fa_gen.reference import attention_reference
+
+    spec = resolve_spec("causal_bf16_d128")
+    q, k, v = (_randn(1, 300, 2, 128, seed=40 + i).requires_grad_() for i in range(3))
+    out, lse = simulate_ring_attention(q, k, v, spec, 3, layout="zigzag")
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    ref, _ = attention_reference(q.detach(), k.detach(), v.detach(), spec)
+    return float((out.double() - ref).abs().max()) < 0.02 and all(torch.isfinite(g).all() for g in grads)
+
+
+def sm80_family():
+    """The Ampere-class family's forward and backward on this GPU (sm_90a runs them too)."""
+    from fa_gen.backward import build_backward
+
+    spec = resolve_spec("sliding_window_bf16_d128")
+    q, k, v = _randn(2, 157, 4, 128, seed=50), _randn(2, 263, 2, 128, seed=51), _randn(2, 263, 2, 128, seed=52)
+    kernel = fa_gen.build(spec, family="sm80")
+    out, lse = kernel.forward(q, k, v)
+    grads = build_backward(spec, family="sm80")(torch.ones_like(out), q, k, v, out, lse)
+    return compare(spec, q, k, v, out, lse).ok and all(torch.isfinite(g).all() for g in grads)
+
+
 CASES = {
     "fixed_forward": fixed_forward,
     # Causal d64 up to 1k keys takes Hopper's short-sequence forward kind.
@@ -168,6 +211,9 @@ CASES = {
     "padded_head_dim": padded_head_dim,
     "dropout": dropout,
     "mla": mla,
+    "fp8_forward": fp8_forward,
+    "shifted": shifted,
+    "sm80_family": sm80_family,
 }
 
 

@@ -144,3 +144,22 @@ def test_fp8_kernel_input_errors_without_a_gpu(monkeypatch):
     q8 = torch.zeros(1, 8, 2, 128, dtype=fp8.E4M3)
     with pytest.raises(InputError, match="multiples of 16"):
         kernel(torch.zeros(1, 8, 2, 136, dtype=fp8.E4M3)[..., :128], q8, q8)
+
+
+def test_flash_api_routes_fp8_and_refuses_what_it_cannot_serve():
+    import fa_gen
+    from fa_gen.api.flash_specs import FlashConfig, flash_spec
+    from fa_gen.errors import UnsupportedError
+
+    spec = flash_spec(FlashConfig("fp8_e4m3", 128, 128, True, (-1, 0), None))
+    assert spec.is_fp8 and spec.output_dtype is DType.BF16 and spec.name == "fa_fp8_e4m3_d128_causal"
+    q8 = torch.zeros(1, 4, 2, 128, dtype=fp8.E4M3)
+    with pytest.raises(UnsupportedError, match="fp8 has no dropout"):
+        fa_gen.flash_attn_func(q8, q8, q8, dropout_p=0.1)
+    with pytest.raises(UnsupportedError, match="fixed-length forward only"):
+        fa_gen.flash_attn_varlen_func(q8[0], q8[0], q8[0], None, None, 4, 4)
+    q16 = torch.zeros(1, 4, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(UnsupportedError, match="descale factors are for float8_e4m3fn"):
+        fa_gen.flash_attn_func(q16, q16, q16, q_descale=torch.ones(1, 2))
+    with pytest.raises(UnsupportedError, match="no backward"):
+        fa_gen.flash_attn_func(q8, q8, q8, learnable_sink=torch.zeros(2, requires_grad=True))

@@ -136,3 +136,20 @@ def test_fp8_empty_rows_and_default_descales():
     _check(spec, q8, k8, v8, ones)
     same, same_lse = fa_gen.attention(q8, k8, v8, spec)
     assert torch.equal(same, out) and torch.equal(same_lse, lse)
+
+
+def test_flash_attn_func_takes_fp8_with_descales():
+    """FlashAttention-3's call: float8_e4m3fn q/k/v with q/k/v_descale; bitwise the spec's kernel."""
+    from fa_gen.api.flash_specs import FlashConfig, flash_spec
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q8, qd = _draw(g, (2, 77, 4, 128), 3.0)
+    k8, kd = _draw(g, (2, 190, 2, 128), 3.0)
+    v8, vd = _draw(g, (2, 190, 2, 128), 3.0)
+    qd = qd[:, :2]
+    out, lse = fa_gen.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                                      return_lse=True)
+    spec = flash_spec(FlashConfig("fp8_e4m3", 128, 128, True, (-1, 0), None))
+    same, same_lse = fa_gen.attention_fp8(q8, k8, v8, spec, qd, kd, vd)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, same) and torch.equal(lse, same_lse)
+    _check(spec, q8, k8, v8, (qd, kd, vd))

@@ -23,19 +23,33 @@ from torch.fx.experimental.symbolic_shapes import guard_scalar
 from ..autograd import spec_from_key
 from ..errors import InputError, UnsupportedError
 from .attention import attention
+from .fp8 import attention_fp8
 from .flash_specs import DTYPES, fold_window, flash_spec_key
 from .varlen import attention_varlen
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, learnable_sink=None,
-                    return_lse=False):
+                    return_lse=False, q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention's flash_attn_func: q (batch, seqlen_q, heads, d), k/v (batch, seqlen_k, heads_kv, d)
     -> out (batch, seqlen_q, heads, d_v); with return_attn_probs (out, lse, None), with return_lse
-    (out, lse); lse (batch, heads, seqlen_q) float32. Differentiable (also in learnable_sink)."""
+    (out, lse); lse (batch, heads, seqlen_q) float32. Differentiable (also in learnable_sink).
+    float8_e4m3fn q, k, v (Hopper) take FlashAttention-3's q/k/v_descale, (batch, heads_kv) float32,
+    and give a bf16 out, forward only (fa_gen.attention_fp8)."""
     _check_qkv(q, k, v, "(batch, seqlen, heads, head_dim)")
     key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                    learnable_sink, heads=q.shape[2], batch=q.shape[0])
+    descales = (q_descale, k_descale, v_descale)
+    if q.dtype == torch.float8_e4m3fn:
+        if dropout_p:
+            raise UnsupportedError(f"dropout_p={dropout_p} with float8_e4m3fn inputs", ["fp8 has no dropout kernel"])
+        if learnable_sink is not None and learnable_sink.requires_grad and torch.is_grad_enabled():
+            raise UnsupportedError("learnable_sink that requires grad with float8_e4m3fn inputs",
+                                   ["the fp8 forward has no backward; detach learnable_sink"])
+        out, lse = attention_fp8(q, k, v, spec_from_key(key), *descales, inputs=inputs)
+        return _results(out, lse, return_attn_probs, return_lse)
+    if any(d is not None for d in descales):
+        raise UnsupportedError("q_descale / k_descale / v_descale", ["descale factors are for float8_e4m3fn inputs"])
     out, lse = attention(q, k, v, spec_from_key(key), _deterministic(deterministic), inputs, dropout_p=dropout_p)
     return _results(out, lse, return_attn_probs, return_lse)
 
@@ -51,6 +65,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         raise UnsupportedError("block_table in flash_attn_varlen_func", [
             "paged K/V are served by flash_attn_with_kvcache(..., block_table=...)"])
+    _refuse_fp8(q, "flash_attn_varlen_func")
     _check_qkv(q, k, v, "(total_tokens, heads, head_dim)")
     key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                    learnable_sink, heads=q.shape[1], batch=None)
@@ -98,6 +113,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     heads, d); k_cache/v_cache (batch_cache, seqlen_cache, heads_kv, d), or (num_blocks, page_size,
     heads_kv, d) with block_table (batch, max_blocks) int32; k/v new tokens appended in place at
     cache_seqlens (int or (batch,) int32). Forward only, as FlashAttention's."""
+    _refuse_fp8(q, "flash_attn_with_kvcache")
     if rotary_cos is not None or rotary_sin is not None:
         raise UnsupportedError("rotary_cos / rotary_sin", [
             "rotary embedding inside the attention call is not implemented; rotate q and k before the call"])
@@ -142,9 +158,16 @@ def _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_sl
     return key, inputs or None
 
 
+def _refuse_fp8(q, function: str) -> None:
+    if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
+        raise UnsupportedError(f"float8_e4m3fn inputs in {function}", [
+            "fp8 is served by the fixed-length forward only so far (flash_attn_func, fa_gen.attention_fp8)"])
+
+
 def _dtype(q) -> str:
     if q.dtype not in DTYPES:
-        raise UnsupportedError(f"q.dtype {q.dtype}", ["fa_gen kernels take torch.float16 and torch.bfloat16"])
+        raise UnsupportedError(f"q.dtype {q.dtype}", ["fa_gen kernels take torch.float16, torch.bfloat16 and "
+                                                      "(flash_attn_func on Hopper) torch.float8_e4m3fn"])
     return DTYPES[q.dtype]
 
 

@@ -29,7 +29,7 @@ from ..errors import SpecError, UnsupportedError
 from ..spec import Spec
 from ..spec_load import spec_from_mapping
 
-DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8_e4m3"}
 # ALiBi slopes: one per query head, or one per (batch entry, query head).
 ALIBI_SHAPES = {"heads": ["heads_q"], "batch_heads": ["batch", "heads_q"]}
 _ALIBI_INDEX = {"heads": "slopes[h]", "batch_heads": "slopes[b, h]"}
@@ -45,7 +45,7 @@ _ARGUMENT_OF_FIELD = {"dtype": "q.dtype", "head_dim": "the head dims (q/k .shape
 class FlashConfig:
     """What a FlashAttention-style call compiles: one per distinct kernel."""
 
-    dtype: str                       # "fp16" | "bf16"
+    dtype: str                       # "fp16" | "bf16" | "fp8_e4m3" (output bf16, FlashAttention-3's)
     head_dim_qk: int
     head_dim_v: int
     causal: bool
