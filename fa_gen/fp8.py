@@ -8,6 +8,8 @@ copy; the kernel's O is then exactly P V.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .errors import InputError
@@ -35,7 +37,36 @@ def padded_keys(seqlen_k: int) -> int:
 def transpose_v(v: torch.Tensor) -> torch.Tensor:
     """(batch, seqlen_k, heads, d) e4m3 -> the kernel's V^T: a (batch, padded seqlen_k, heads, d)
     view whose keys are contiguous (storage (batch, heads, d, padded)), zero keys past seqlen_k,
-    each 32-key block in key_order(). One pad and one copy."""
+    each 32-key block in key_order(). One launch of templates/common/transpose_v.py.j2 on a GPU
+    (V read once, V^T written once); PyTorch ops elsewhere."""
+    batch, seqlen_k, heads, dim = v.shape
+    if _kernel_ready(v):
+        from .runtime import current_arch
+
+        vt = torch.empty(batch, heads, dim, padded_keys(seqlen_k), dtype=E4M3, device=v.device)
+        _transpose_kernel(current_arch())(v.view(torch.int32), vt.view(torch.int32))
+        return vt.permute(0, 3, 1, 2)
+    return _transpose_torch(v)
+
+
+def _kernel_ready(v: torch.Tensor) -> bool:
+    """A CUDA tensor whose rows the kernel reads as whole 16-byte words."""
+    return (v.is_cuda and v.stride(-1) == 1 and v.data_ptr() % 16 == 0 and v.shape[-1] % 16 == 0
+            and all(s % 16 == 0 for s in v.stride()[:-1]) and v.numel() > 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _transpose_kernel(arch: str):
+    from .helper_kernels import load_helper_kernel
+    from .render import environment
+    from .version import __version__
+
+    source = environment().get_template("common/transpose_v.py.j2").render(fa_gen_version=__version__)
+    return load_helper_kernel(source, "transpose_v", "transpose_v", arch)
+
+
+def _transpose_torch(v: torch.Tensor) -> torch.Tensor:
+    """transpose_v in PyTorch ops: one pad and one permuted copy."""
     batch, seqlen_k, heads, dim = v.shape
     padded = padded_keys(seqlen_k)
     raw = v.view(torch.uint8)  # copy kernels need no fp8 support this way; 0x00 is +0.0

@@ -34,6 +34,9 @@ SOFTCAP = {"score_mod": {"expr": "softcap * tanh(score / softcap)"},
            "inputs": {"softcap": {"scalar": "float", "default": 30.0, "min": 1.0}}}
 SPECS = [
     load_spec({"name": "fp8_d128", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "none"}),
+    # Half the exponentials of unmasked tiles on the FMA pipe (softmax.j2 exp2_fma).
+    load_spec({"name": "fp8_d128_exp2_fma", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "causal",
+               "tuning": {"sm90": {"exp2_fma": 8}}}),
     load_spec({"name": "fp8_d128_causal_fp16", "dtype": "fp8_e4m3", "out_dtype": "fp16", "head_dim": 128,
                "mask": "causal"}),
     load_spec({"name": "fp8_d64_causal", "dtype": "fp8_e4m3", "head_dim": 64, "mask": "causal"}),
@@ -153,3 +156,17 @@ def test_flash_attn_func_takes_fp8_with_descales():
     same, same_lse = fa_gen.attention_fp8(q8, k8, v8, spec, qd, kd, vd)
     assert out.dtype == torch.bfloat16 and torch.equal(out, same) and torch.equal(lse, same_lse)
     _check(spec, q8, k8, v8, (qd, kd, vd))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 16), (2, 70, 3, 128), (3, 517, 2, 80), (1, 4099, 4, 256)])
+def test_transpose_kernel_matches_the_pytorch_layout(shape):
+    """templates/common/transpose_v.py.j2 writes bit for bit what fa_gen.fp8's PyTorch path does,
+    also for V strided over heads (a slice of a wider tensor)."""
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    wide = (torch.randn(*shape[:2], shape[2] + 1, shape[3], generator=g, device="cuda") * 50).to(fp8.E4M3)
+    for v in (wide[:, :, :-1].contiguous(), wide[:, :, 1:]):
+        assert fp8._kernel_ready(v)
+        got = fp8.transpose_v(v)
+        want = fp8._transpose_torch(v)
+        assert got.shape == want.shape and got.stride() == want.stride()
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
