@@ -23,7 +23,8 @@
 #   bash bench/device_batch.sh COMMIT dropout  dropout speed rows: p = 0.1 vs p = 0 vs FA2 (bench/bench_dropout.py)
 #   bash bench/device_batch.sh COMMIT fp8     the fp8 forward: its L1 suite, then TFLOP/s beside fa_gen bf16, cuDNN and FA4
 #                                             with the tile sweep (bench/bench_fp8.py --sweep)
-#   bash bench/device_batch.sh COMMIT ring    context parallelism on every GPU of the host (torchrun; bench/bench_ring.py)
+#   bash bench/device_batch.sh COMMIT ring    context parallelism on every GPU of the host: the NCCL ring against the
+#                                             simulated one (tests/test_gpu_ring_nccl.py), then throughput (torchrun; bench/bench_ring.py)
 #   bash bench/device_batch.sh COMMIT e2e     a 1B Llama-style model in transformers, fa_gen vs SDPA:
 #                                             prefill and decode tokens/s, attention share (bench/bench_e2e.py)
 # Logs and results go to $OUT (the device tool brings them back).
@@ -76,6 +77,8 @@ elif [[ $part == sanitize ]]; then
   python bench/sanitize.py --tools --out "$out" "$@" 2>&1 | tee "$out/sanitize.log"
 elif [[ $part == ring ]]; then
   gpus=$(nvidia-smi --list-gpus | wc -l)
+  python -m pytest -q -p no:cacheprovider tests/test_gpu_ring_nccl.py > "$out/test_gpu_ring_nccl.log" 2>&1
+  echo "test_gpu_ring_nccl: $(tail -1 "$out/test_gpu_ring_nccl.log")"
   torchrun --standalone --nproc_per_node "$gpus" bench/bench_ring.py --commit "$commit" --out "$out" "$@" 2>&1 | tee "$out/bench_ring.log"
 elif [[ $part == e2e ]]; then
   python bench/bench_e2e.py --commit "$commit" --out "$out" --profile "$@" 2>&1 | tee "$out/bench_e2e.log"

@@ -59,6 +59,9 @@ class TileConfig:
     # (softmax.j2 exp2_fma) instead of the MUFU's, in tiles without -inf: fp8's GEMMs run twice
     # as fast as bf16's, and the exponentials then bound a step. 0: every one on the MUFU.
     exp2_fma: int = 0
+    # 2: the softmax's exponentials two per MUFU op, in fp16 (softmax.j2 exp2_half_pair); 1: one
+    # per op in fp32. (Spec tuning values are positive integers, hence not 0/1.)
+    exp2_half: int = 1
 
     @property
     def pingpong_on(self) -> bool:
@@ -234,7 +237,7 @@ class Sm90Family(Family):
         return [(self.archs, "L1 (float64 reference, hypothesis) on H100 and H200")]
     backend = "cute_dsl"
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks",
-                     "persist_l2_groups", "exp2_fma")
+                     "persist_l2_groups", "exp2_fma", "exp2_half")
     # The backward kernel (fa_gen/families/sm90_backward.py); head dims it does not fit drop out
     # of kernel_files, and their backward goes to the next family (fa_gen.backward.backward_family).
     # The forward of short causal-like sequences (SHORT_KIND) is the same template with its own tiles.
@@ -372,6 +375,8 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         reasons.append(f"tuning: num_stages {cfg.num_stages} must be at least 2")
     if cfg.pingpong not in (1, 2):
         reasons.append(f"tuning: pingpong {cfg.pingpong} must be 1 (off) or 2 (on)")
+    if cfg.exp2_half not in (1, 2):
+        reasons.append(f"tuning: exp2_half {cfg.exp2_half} must be 1 (off) or 2 (on)")
     if not 0 <= cfg.exp2_fma <= 16:
         reasons.append(f"tuning: exp2_fma {cfg.exp2_fma} must be from 1 to 16 (columns of 16)")
     if cfg.persist_l2_groups not in (1, 2):
