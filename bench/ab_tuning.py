@@ -1,7 +1,7 @@
 """A/B of sm90 forward tunings (spec `tuning: {sm90: ...}`) beside the default tiles and the anchors,
 in one process: what a change of the tile table would buy before it is made.
 
-    python bench/ab_tuning.py --commit SHA --out DIR --tunings '{"exp2_fma": 4};{"exp2_fma": 8}' \
+    python bench/ab_tuning.py --commit SHA --out DIR --tunings '{"pingpong": 1};{"tile_n": 96}' \
         [--dtypes bf16] [--head-dims 64,128] [--seqlens 2048,8192] [--anchors sdpa_cudnn,fa4]
 
 TFLOP/s as bench/bench_forward.py counts them (batch*seqlen = 16k, heads*d = 2048, causal and not).

@@ -49,6 +49,23 @@ def transpose_v(v: torch.Tensor) -> torch.Tensor:
     return _transpose_torch(v)
 
 
+def is_transposed(v) -> bool:
+    """Whether `v` is in the kernel's layout (a transpose_v result): keys contiguous, not the head dim."""
+    return isinstance(v, torch.Tensor) and v.dim() == 4 and v.stride(1) == 1 and v.stride(3) != 1
+
+
+def check_transposed(vt: torch.Tensor, k: torch.Tensor, head_dim_v: int) -> None:
+    """A pre-transposed V must be what transpose_v makes of a V shaped like k (head dim `head_dim_v`)."""
+    batch, seqlen_k, heads = k.shape[:3]
+    want = (batch, padded_keys(seqlen_k), heads, head_dim_v)
+    if vt.dtype != E4M3 or tuple(vt.shape) != want or vt.device != k.device:
+        raise InputError(f"a pre-transposed v must be fa_gen.fp8.transpose_v(v) of a v shaped like k: {want} "
+                         f"{E4M3} on {k.device}; got {tuple(vt.shape)} {vt.dtype} on {vt.device}")
+    storage = (heads * head_dim_v * want[1], 1, head_dim_v * want[1], want[1])
+    if tuple(vt.stride()) != storage or vt.data_ptr() % 16:
+        raise InputError(f"a pre-transposed v must have transpose_v's strides {storage}; got {vt.stride()}")
+
+
 def _kernel_ready(v: torch.Tensor) -> bool:
     """A CUDA tensor whose rows the kernel reads as whole 16-byte words."""
     return (v.is_cuda and v.stride(-1) == 1 and v.data_ptr() % 16 == 0 and v.shape[-1] % 16 == 0

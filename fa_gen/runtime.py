@@ -196,11 +196,21 @@ class Kernel(CompiledKernel):
 class Fp8Kernel(Kernel):
     """The forward of an fp8 spec: e4m3 q, k, v, and per-(batch, kv head) descale factors
     (`forward(..., descales=(q_descale, k_descale, v_descale))`, each None for 1). V goes to the
-    kernel transposed (fa_gen.fp8.transpose_v, one copy per call); O is in the spec's out_dtype."""
+    kernel transposed (fa_gen.fp8.transpose_v, one launch per call, or none when V comes in that
+    layout already); O is in the spec's out_dtype."""
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs=None, descales=None):
         out, lse = self.forward(q, k, v, inputs=inputs, descales=descales)
         return (out, lse) if self.spec.return_lse else out
+
+    def _check(self, q, k, v) -> None:
+        """V as given, or already in the kernel's layout (fa_gen.fp8.transpose_v's result, made once
+        where V is reused: a prefix cache, say), which is then passed on as it is."""
+        if not fp8.is_transposed(v):
+            return super()._check(q, k, v)
+        super()._check(q, k, k if self.spec.head_dim_v == self.spec.head_dim_qk else
+                       k.new_empty(*k.shape[:3], self.spec.head_dim_v))
+        fp8.check_transposed(v, k, self.spec.head_dim_v)
 
     def _operands(self, q, k, v, out, lse, descales) -> tuple:
         batch, heads_kv = k.shape[0], k.shape[2]
@@ -209,7 +219,8 @@ class Fp8Kernel(Kernel):
         if len(given) != 3:
             raise InputError("descales must be (q_descale, k_descale, v_descale)")
         scales = [fp8.descale_tensor(n, d, batch, heads_kv, q.device) for n, d in zip(names, given)]
-        return (q, k, fp8.transpose_v(v), out, lse, *scales)
+        vt = v if fp8.is_transposed(v) else fp8.transpose_v(v)
+        return (q, k, vt, out, lse, *scales)
 
 
 def _check_strides(name: str, t: torch.Tensor) -> None:

@@ -163,3 +163,14 @@ def test_flash_api_routes_fp8_and_refuses_what_it_cannot_serve():
         fa_gen.flash_attn_func(q16, q16, q16, q_descale=torch.ones(1, 2))
     with pytest.raises(UnsupportedError, match="no backward"):
         fa_gen.flash_attn_func(q8, q8, q8, learnable_sink=torch.zeros(2, requires_grad=True))
+
+
+def test_pretransposed_v_is_checked():
+    k = torch.zeros(2, 70, 3, 64, dtype=fp8.E4M3)
+    vt = fp8.transpose_v(torch.zeros(2, 70, 3, 64, dtype=fp8.E4M3))
+    assert fp8.is_transposed(vt) and not fp8.is_transposed(k)
+    fp8.check_transposed(vt, k, 64)
+    with pytest.raises(InputError, match="shaped like k"):
+        fp8.check_transposed(vt, k[:, :40], 64)
+    with pytest.raises(InputError, match="transpose_v's strides"):
+        fp8.check_transposed(torch.empty_strided(vt.shape, (2 * 18432, 1, 6144, 96), dtype=fp8.E4M3), k, 64)

@@ -55,13 +55,6 @@ class TileConfig:
     # head by head, as the varlen scheduler goes). An experiment: H100, 8 x 2048, h16, d128,
     # causal: 350 TFLOP/s for 1, 549 for the varlen kernel's order (bench/varlen_sweep.py).
     persist_l2_groups: int = 1
-    # Of every 16 score columns a thread holds, how many take a polynomial exp2 on the FMA pipe
-    # (softmax.j2 exp2_fma) instead of the MUFU's, in tiles without -inf: fp8's GEMMs run twice
-    # as fast as bf16's, and the exponentials then bound a step. 0: every one on the MUFU.
-    exp2_fma: int = 0
-    # 2: the softmax's exponentials two per MUFU op, in fp16 (softmax.j2 exp2_half_pair); 1: one
-    # per op in fp32. (Spec tuning values are positive integers, hence not 0/1.)
-    exp2_half: int = 1
 
     @property
     def pingpong_on(self) -> bool:
@@ -126,13 +119,18 @@ class ShortTiles:
     tile: TileConfig
 
 
-# fp8 (e4m3) inputs, by padded (qk, v): tiles with twice the keys per byte of shared memory; key
-# tiles a multiple of 32 (the K of an fp8 wgmma, and the span of the P-register key order,
-# fa_gen.api.fp8.key_order). Not swept yet: the bf16 shapes, O always in a buffer of its own.
+# fp8 (e4m3) inputs, by padded (qk, v); key tiles a multiple of 32 (the K of an fp8 wgmma, and the
+# span of the P-register key order, fa_gen.fp8.key_order); O always in a buffer of its own.
+# H200, non-causal, TFLOP/s at 2k / 8k / 16k (bench/bench_fp8.py --sweep; logs 2026-11-26-75a22b2-*,
+# -e5c33d2-call5):
+#   d128 128x128 pp 771/877/854; no pp 786/839/823; 128x192 802/872/858 (equal within runs).
+#   d256 128x128 pp 1119/1282/1272; no pp 1041/1279/1186.
+# A polynomial exp2 on the FMA pipe for 4-8 of 16 columns, or ex2.approx.f16x2 (two exponentials
+# per MUFU op), lost 1-16% in every cell, fp8 and bf16 alike: the MUFU is not the bound here.
 _FP8_TILES = {
     (64, 64): TileConfig(192, 128, 2, 2),
     (128, 128): TileConfig(128, 128, 2, 2),
-    (256, 256): TileConfig(128, 128, 2, 1),
+    (256, 256): TileConfig(128, 128, 2, 2),
 }
 FP8_HEAD_DIM_STEP = 16  # 16-byte TMA rows
 FP8_KEY_BLOCK = 32
@@ -237,7 +235,7 @@ class Sm90Family(Family):
         return [(self.archs, "L1 (float64 reference, hypothesis) on H100 and H200")]
     backend = "cute_dsl"
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks",
-                     "persist_l2_groups", "exp2_fma", "exp2_half")
+                     "persist_l2_groups")
     # The backward kernel (fa_gen/families/sm90_backward.py); head dims it does not fit drop out
     # of kernel_files, and their backward goes to the next family (fa_gen.backward.backward_family).
     # The forward of short causal-like sequences (SHORT_KIND) is the same template with its own tiles.
@@ -375,10 +373,6 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         reasons.append(f"tuning: num_stages {cfg.num_stages} must be at least 2")
     if cfg.pingpong not in (1, 2):
         reasons.append(f"tuning: pingpong {cfg.pingpong} must be 1 (off) or 2 (on)")
-    if cfg.exp2_half not in (1, 2):
-        reasons.append(f"tuning: exp2_half {cfg.exp2_half} must be 1 (off) or 2 (on)")
-    if not 0 <= cfg.exp2_fma <= 16:
-        reasons.append(f"tuning: exp2_fma {cfg.exp2_fma} must be from 1 to 16 (columns of 16)")
     if cfg.persist_l2_groups not in (1, 2):
         reasons.append(f"tuning: persist_l2_groups {cfg.persist_l2_groups} must be 1 (off) or 2 (on)")
     if spec.is_fp8 and cfg.tile_n % FP8_KEY_BLOCK:
