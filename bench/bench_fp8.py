@@ -35,7 +35,8 @@ from fa_gen.timing import attention_flops, median_ms  # noqa: E402
 
 TOKENS, HIDDEN, REPEATS = 16 * 1024, 2048, 30
 # fp8 tile variants (spec tuning of the sm90 family) tried with --sweep, per head dim.
-SWEEP = {128: [{"pingpong": 1}, {"tile_n": 192}], 256: [{"pingpong": 2}]}
+SWEEP = {128: [{"pingpong": 1}, {"tile_n": 192}, {"tile_m": 192, "tile_n": 96}, {"tile_m": 192, "tile_n": 64}],
+         256: [{"pingpong": 1}]}
 
 
 def fp8_spec(head_dim: int, causal: bool, tuning: dict | None = None):

@@ -34,17 +34,18 @@ def padded_keys(seqlen_k: int) -> int:
     return -(-seqlen_k // KEY_BLOCK) * KEY_BLOCK
 
 
-def transpose_v(v: torch.Tensor) -> torch.Tensor:
+def transpose_v(v: torch.Tensor, arch: str | None = None) -> torch.Tensor:
     """(batch, seqlen_k, heads, d) e4m3 -> the kernel's V^T: a (batch, padded seqlen_k, heads, d)
     view whose keys are contiguous (storage (batch, heads, d, padded)), zero keys past seqlen_k,
     each 32-key block in key_order(). One launch of templates/common/transpose_v.py.j2 on a GPU
-    (V read once, V^T written once); PyTorch ops elsewhere."""
+    (V read once, V^T written once; compiled for `arch`, by default v's device's); PyTorch ops elsewhere."""
     batch, seqlen_k, heads, dim = v.shape
     if _kernel_ready(v):
-        from .runtime import current_arch
+        from .archs import arch_for_capability
 
         vt = torch.empty(batch, heads, dim, padded_keys(seqlen_k), dtype=E4M3, device=v.device)
-        _transpose_kernel(current_arch())(v.view(torch.int32), vt.view(torch.int32))
+        arch = arch or arch_for_capability(*torch.cuda.get_device_capability(v.device))
+        _transpose_kernel(arch)(v.view(torch.int32), vt.view(torch.int32))
         return vt.permute(0, 3, 1, 2)
     return _transpose_torch(v)
 

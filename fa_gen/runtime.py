@@ -219,7 +219,7 @@ class Fp8Kernel(Kernel):
         if len(given) != 3:
             raise InputError("descales must be (q_descale, k_descale, v_descale)")
         scales = [fp8.descale_tensor(n, d, batch, heads_kv, q.device) for n, d in zip(names, given)]
-        vt = v if fp8.is_transposed(v) else fp8.transpose_v(v)
+        vt = v if fp8.is_transposed(v) else fp8.transpose_v(v, self.arch)
         return (q, k, vt, out, lse, *scales)
 
 
