@@ -218,22 +218,30 @@ CASES = {
 }
 
 
-def run_tools(cases: list[str], out_dir: Path, tools=TOOLS, kernels: str | None = None) -> int:
-    """Each tool over the cases (kernels already compiled); one summary line per tool. `kernels`:
-    check only kernels whose name holds this text (fa_gen's: "kernel_cutlass"), not PyTorch's."""
+def run_tools(cases: list[str], out_dir: Path, tools=TOOLS, kernels: str | None = None,
+              per_case: bool = False) -> int:
+    """Each tool over the cases (kernels already compiled); one summary line per tool, or with
+    `per_case` one per (tool, case), each its own process and log (a slow tool, initcheck on
+    everything, then reports what finished). `kernels`: check only kernels whose name holds this
+    text (fa_gen's: "kernel_cutlass"), not PyTorch's. PyTorch's caching allocator is off under the
+    tools, so each tensor is an allocation of its own for them."""
     failed = 0
+    only = ["--kernel-name", f"kns={kernels}"] if kernels else []
+    environ = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     for tool in tools:
-        log = out_dir / f"sanitize-{tool}.log"
-        only = ["--kernel-name", f"kns={kernels}"] if kernels else []
-        command = ["compute-sanitizer", "--tool", tool, "--print-limit", "50", *only, sys.executable, __file__, *cases]
-        start = time.time()
-        result = subprocess.run(command, capture_output=True, text=True)
-        log.write_text(result.stdout + result.stderr)
-        summary = next((line for line in reversed((result.stdout + result.stderr).splitlines())
-                        if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line),
-                       f"no summary (rc {result.returncode})")
-        print(f"{tool}: {summary.strip()} ({time.time() - start:.0f} s, rc {result.returncode})", flush=True)
-        failed += result.returncode != 0
+        for group in ([[c] for c in cases] if per_case else [cases]):
+            label = tool + (f"-{group[0]}" if per_case else "")
+            log = out_dir / f"sanitize-{label}.log"
+            command = ["compute-sanitizer", "--tool", tool, "--print-limit", "50", *only, sys.executable, __file__,
+                       *group]
+            start = time.time()
+            result = subprocess.run(command, capture_output=True, text=True, env=environ)
+            log.write_text(result.stdout + result.stderr)
+            summary = next((line for line in reversed((result.stdout + result.stderr).splitlines())
+                            if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line),
+                           f"no summary (rc {result.returncode})")
+            print(f"{label}: {summary.strip()} ({time.time() - start:.0f} s, rc {result.returncode})", flush=True)
+            failed += result.returncode != 0
     return failed
 
 
@@ -245,6 +253,7 @@ def main() -> int:
     parser.add_argument("--tool", action="append", choices=TOOLS, help="with --tools: only this tool (repeatable)")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--kernels", help="with --tools: check only kernels whose name holds this text")
+    parser.add_argument("--per-case", action="store_true", help="with --tools: one process and summary per case")
     args = parser.parse_args()
     cases = args.cases or list(CASES)
     unknown = set(cases) - set(CASES)
@@ -263,7 +272,8 @@ def main() -> int:
                 print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
             print(f"{name}: {'ok' if ok else 'WRONG'} unsanitized", flush=True)
             ready += [name] if ok else []
-        return run_tools(ready, Path(args.out), tuple(args.tool or TOOLS), args.kernels) + (len(ready) < len(cases))
+        return run_tools(ready, Path(args.out), tuple(args.tool or TOOLS), args.kernels, args.per_case) \
+            + (len(ready) < len(cases))
     bad = [name for name in cases if not CASES[name]()]
     torch.cuda.synchronize()
     print("wrong results:", ", ".join(bad) if bad else "none", flush=True)
