@@ -114,14 +114,20 @@ def descale_tensor(name: str, value, batch: int, heads_kv: int, device) -> torch
     return t.to(device=device, dtype=torch.float32).contiguous()
 
 
-def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x8, descale): x (batch, seqlen, heads, d) in e4m3, scaled per (batch, head) so that its
-    largest magnitude is E4M3_MAX, and the (batch, heads) float32 factor with x ~= x8 * descale."""
+def quantize(x: torch.Tensor, heads_kv: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x8, descale): x (batch, seqlen, heads, d) in e4m3 and the float32 factor with x ~= x8 * descale,
+    one per (batch, head) so that each head's largest magnitude is E4M3_MAX; with `heads_kv` (for q
+    under GQA: the kernel takes one q descale per kv head), one per (batch, group of heads / heads_kv)."""
     if x.dim() != 4:
         raise InputError(f"quantize takes (batch, seqlen, heads, d); got shape {tuple(x.shape)}")
-    amax = x.detach().abs().amax(dim=(1, 3)).float()
+    batch, _, heads, _ = x.shape
+    groups = heads_kv or heads
+    if groups <= 0 or heads % groups:
+        raise InputError(f"heads ({heads}) must be a multiple of heads_kv ({heads_kv})")
+    amax = x.detach().abs().amax(dim=(1, 3)).float().view(batch, groups, heads // groups).amax(-1)
     descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    x8 = (x.float() / descale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    per_head = descale.repeat_interleave(heads // groups, dim=1)
+    x8 = (x.float() / per_head[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
     return x8, descale
 
 

@@ -174,3 +174,16 @@ def test_pretransposed_v_is_checked():
         fp8.check_transposed(vt, k[:, :40], 64)
     with pytest.raises(InputError, match="transpose_v's strides"):
         fp8.check_transposed(torch.empty_strided(vt.shape, (2 * 18432, 1, 6144, 96), dtype=fp8.E4M3), k, 64)
+
+
+def test_quantize_per_kv_head_group():
+    """q under GQA: one descale per (batch, kv head), each group's largest magnitude at E4M3_MAX."""
+    x = torch.randn(2, 9, 8, 32, generator=torch.Generator().manual_seed(3)) * torch.arange(1, 9)[None, None, :, None]
+    x8, descale = fp8.quantize(x, heads_kv=2)
+    assert descale.shape == (2, 2)
+    groups = x8.float().abs().amax(dim=(1, 3)).view(2, 2, 4).amax(-1)
+    assert torch.equal(groups, torch.full((2, 2), fp8.E4M3_MAX))
+    back = fp8.dequantize(x8, descale, torch.float32)
+    assert ((back - x).abs() <= 2 ** -4 * x.abs() + 2 ** -10 * descale.repeat_interleave(4, 1)[:, None, :, None]).all()
+    with pytest.raises(InputError, match="multiple of heads_kv"):
+        fp8.quantize(x, heads_kv=3)

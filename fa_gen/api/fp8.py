@@ -19,7 +19,8 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec 
     q, k, v: (batch, seqlen, heads, d) torch.float8_e4m3fn (GQA/MQA as elsewhere); the inputs they
     stand for are q * q_descale etc., each descale (batch, heads_kv) float32 (FlashAttention-3's
     shape; a query head takes its kv head's factor), anything broadcasting to it, or None for 1.
-    fa_gen.fp8.quantize makes (x8, descale) from a 16-bit tensor. out is in the spec's out_dtype.
+    fa_gen.fp8.quantize makes (x8, descale) from a 16-bit tensor (for q under GQA,
+    quantize(q, heads_kv=...)). out is in the spec's out_dtype.
     v may also come as fa_gen.fp8.transpose_v(v), the layout the kernel reads (keys contiguous): then
     no transpose runs per call (V reused across calls, as a cache is).
     Scores are exact fp32 sums of e4m3 products; P goes to the second GEMM in e4m3 (scaled by
