@@ -100,8 +100,14 @@ def descale_tensor(name: str, value, batch: int, heads_kv: int, device) -> torch
     """A descale argument as the kernel reads it: (batch, heads_kv) float32, contiguous, on `device`.
     None is 1; a number or a tensor that broadcasts to (batch, heads_kv) (FlashAttention-3's shape)."""
     if value is None:
-        return torch.ones(batch, heads_kv, dtype=torch.float32, device=device)
-    t = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # Memory made during a capture belongs to the graph's pool: not kept past it.
+            return torch.ones(batch, heads_kv, dtype=torch.float32, device=device)
+        return _ones(batch, heads_kv, torch.device(device))
+    if not isinstance(value, torch.Tensor):
+        # A fill on the device: no host-to-device copy on the call path.
+        return torch.full((batch, heads_kv), float(value), dtype=torch.float32, device=device)
+    t = value
     if not t.is_floating_point():
         raise InputError(f"{name} must be a float tensor or number; got dtype {t.dtype}")
     try:
@@ -112,6 +118,12 @@ def descale_tensor(name: str, value, batch: int, heads_kv: int, device) -> torch
     if t.device.type == "cuda" and t.device != torch.device(device):
         raise InputError(f"{name} is on {t.device}; q is on {device}")
     return t.to(device=device, dtype=torch.float32).contiguous()
+
+
+@functools.lru_cache(maxsize=64)
+def _ones(batch: int, heads_kv: int, device: torch.device) -> torch.Tensor:
+    """Descale 1, made once per shape and device (read only, never written)."""
+    return torch.ones(batch, heads_kv, dtype=torch.float32, device=device)
 
 
 def quantize(x: torch.Tensor, heads_kv: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
