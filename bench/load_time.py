@@ -1,6 +1,6 @@
 """Cold-compile and warm-load times of one spec, each in a fresh process.
 
-    python bench/load_time.py [SPEC]
+    python bench/load_time.py [SPEC] [--profile]
 
 Run 1 uses an empty cache directory (render + compile + store); run 2 uses the same
 directory in a new process (load from disk); run 3 does so with FA_GEN_FAST_LOAD=1 (the object
@@ -26,7 +26,15 @@ t0 = time.perf_counter()
 import torch, fa_gen
 torch.zeros(1, device="cuda")                       # CUDA context outside the timings
 t1 = time.perf_counter()
-kernel = fa_gen.build(sys.argv[1])
+if len(sys.argv) > 2:                               # where the build's time goes: top functions
+    import cProfile, pstats, io
+    profile = cProfile.Profile()
+    kernel = profile.runcall(fa_gen.build, sys.argv[1])
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
+    print(text.getvalue(), file=sys.stderr)
+else:
+    kernel = fa_gen.build(sys.argv[1])
 t2 = time.perf_counter()
 q, k, v = (torch.randn(1, 256, 8, kernel.spec.head_dim_qk, device="cuda", dtype=kernel._dtype) for _ in range(3))
 v = torch.randn(1, 256, 8, kernel.spec.head_dim_v, device="cuda", dtype=kernel._dtype)
@@ -37,19 +45,24 @@ print(json.dumps({"import_s": t1 - t0, "build_s": t2 - t1, "first_call_s": t3 - 
 """
 
 
-def run_child(spec: str, cache_dir: str, fast: bool = False) -> dict:
+def run_child(spec: str, cache_dir: str, fast: bool = False, profile: bool = False) -> dict:
     env = dict(os.environ, FA_GEN_CACHE_DIR=cache_dir, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
                FA_GEN_FAST_LOAD="1" if fast else "0")
-    out = subprocess.run([sys.executable, "-c", CHILD, spec], env=env, capture_output=True, text=True, check=True)
+    args = [sys.executable, "-c", CHILD, spec] + (["profile"] if profile else [])
+    out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+    if profile:
+        print(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
-    spec = sys.argv[1] if len(sys.argv) > 1 else "causal_bf16_d128"
+    args = [a for a in sys.argv[1:] if a != "--profile"]
+    spec = args[0] if args else "causal_bf16_d128"
     with tempfile.TemporaryDirectory() as cache_dir:
         for label, fast in (("cold (compile)", False), ("warm (disk cache)", False), ("warm, link", True),
                             ("warm, fast load", True)):
-            r = run_child(spec, cache_dir, fast)
+            # --profile: cProfile's top functions of the last (the warm fast-load) build.
+            r = run_child(spec, cache_dir, fast, profile="--profile" in sys.argv and label == "warm, fast load")
             print(f"{spec} {label:18s}: import {r['import_s']:.2f} s, build {r['build_s']:.2f} s, "
                   f"first call {r['first_call_s']:.3f} s, compiled={r['compiled']}")
     return 0
