@@ -33,6 +33,15 @@ def attention_fp8(q, k, v, spec, q_descale=None, k_descale=None, v_descale=None,
     return _attention_fp8(q, k, v, spec, q_descale, k_descale, v_descale, inputs)
 
 
+def attention_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, q_descale=None,
+                         k_descale=None, v_descale=None, inputs=None):
+    """attention_fp8 over a packed (varlen) batch, forward only; see `fa_gen.api.fp8`."""
+    from .api import attention_fp8_varlen as _function
+
+    return _function(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, q_descale, k_descale,
+                     v_descale, inputs)
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec, **options):
     """Differentiable attention over a packed (varlen) batch; see `fa_gen.api.varlen`."""
     from .api import attention_varlen as _attention_varlen
@@ -94,7 +103,7 @@ def __getattr__(name):
 
 __all__ = [
     "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
-    "SpecError", "UnsupportedError", "attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "build",
+    "SpecError", "UnsupportedError", "attention", "attention_fp8", "attention_fp8_varlen", "attention_varlen", "attention_with_kvcache", "build",
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "load_spec", "merge_attention_states",
     "mla_decode",
     "__version__",

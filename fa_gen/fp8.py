@@ -96,6 +96,34 @@ def _transpose_torch(v: torch.Tensor) -> torch.Tensor:
     return vt.view(E4M3).permute(0, 3, 1, 2)
 
 
+def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed batch's V (total_k, heads, d) e4m3 -> (V^T, offsets) for the varlen fp8 forward.
+
+    V^T is a (slots, heads, d) view with the keys contiguous; sequence b's keys start at slot
+    offsets[b] (int32, batch + 1 on the device), its region rounded up to whole `tile_n`-key tiles
+    and zero past its keys (a key tile's load never reaches the next sequence), each 32-key block in
+    key_order(). Device ops only (no host synchronisation): the slots are an upper bound made from
+    shapes, total_k + batch * (tile_n - 1), rounded up to 32."""
+    total, heads, dim = v.shape
+    batch = cu_seqlens_k.shape[0] - 1
+    device = v.device
+    lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
+    regions = (lengths + tile_n - 1) // tile_n * tile_n
+    offsets = torch.zeros(batch + 1, dtype=torch.int64, device=device)
+    offsets[1:] = torch.cumsum(regions, 0)
+    slots = padded_keys(total + batch * (tile_n - 1))
+    slot = torch.arange(slots, device=device)
+    sequence = torch.searchsorted(offsets[1:], slot, right=True).clamp(max=max(batch - 1, 0))
+    position = slot - offsets[sequence]
+    key = position // KEY_BLOCK * KEY_BLOCK + torch.tensor(key_order(), device=device)[position % KEY_BLOCK]
+    valid = (slot < offsets[-1]) & (key < lengths[sequence]) if batch else torch.zeros_like(slot, dtype=torch.bool)
+    source = torch.where(valid, cu_seqlens_k.to(torch.int64)[sequence] + key, 0)
+    raw = v.view(torch.uint8)
+    rows = raw[source] * valid[:, None, None].to(torch.uint8) if total else raw.new_zeros(slots, heads, dim)
+    vt = rows.permute(1, 2, 0).contiguous()  # (heads, d, slots)
+    return vt.view(E4M3).permute(2, 0, 1), offsets.to(torch.int32)
+
+
 def descale_tensor(name: str, value, batch: int, heads_kv: int, device) -> torch.Tensor:
     """A descale argument as the kernel reads it: (batch, heads_kv) float32, contiguous, on `device`.
     None is 1; a number or a tensor that broadcasts to (batch, heads_kv) (FlashAttention-3's shape)."""

@@ -31,6 +31,7 @@ import torch
 
 from .combine import combine_splits
 from .errors import InputError, UnsupportedError
+from . import fp8
 from .plan import bind_arguments
 from .runtime import _check_strides, _TORCH_DTYPES, current_arch, load_target
 from .families.sm80 import GQA_PACKS
@@ -185,6 +186,30 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             return out, lse
     kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split", group))
     return _run_split(kern, (q, k, v), out, lse, sequences, num_splits or _varlen_splits(kern, *shape), extra)
+
+
+def forward_varlen_fp8(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                       cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, descales=None, inputs=None,
+                       arch: str | None = None):
+    """(out (total_q, hq, d_v) in the spec's out_dtype, lse (hq, total_q)) of a packed batch of e4m3
+    q, k, v: the sm90 family's whole-range varlen forward over V^T regions (fa_gen.fp8.transpose_v_varlen);
+    descales (q, k, v) each (batch, heads_kv), broadcastable, or None (fa_gen.fp8.descale_tensor)."""
+    _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)
+    arch = arch or current_arch()
+    batch, heads_q, heads_kv = cu_seqlens_q.shape[0] - 1, q.shape[1], k.shape[1]
+    extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
+    out = torch.empty((q.shape[0], heads_q, spec.head_dim_v), dtype=_TORCH_DTYPES[spec.output_dtype], device=q.device)
+    lse = torch.empty((heads_q, q.shape[0]), dtype=torch.float32, device=q.device)
+    if q.shape[0] == 0 or batch == 0:
+        return out, lse.fill_(-math.inf)
+    kern = inference_kernel(spec, arch, "forward_varlen")
+    vt, offsets = fp8.transpose_v_varlen(v, cu_seqlens_k, kern.tile_n)
+    given = descales if descales is not None else (None, None, None)
+    scales = [fp8.descale_tensor(name, d, batch, heads_kv, q.device)
+              for name, d in zip(("q_descale", "k_descale", "v_descale"), given)]
+    kern.function(q, k, vt, out, lse, *scales, offsets, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k, 0,
+                  max(int(max_seqlen_q), 1), *extra)
+    return out, lse
 
 
 def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -40,9 +40,10 @@ def test_only_the_hopper_forward_serves_fp8():
     assert any("dtype fp8_e4m3 is not supported" in r for r in archs.why_not(spec, "sm_80"))
     family = Sm90Family()
     assert set(family.kernel_files(spec)) == {"forward"}
-    assert family.call_kinds(spec) == {}
-    for kind in ("backward", "forward_varlen", "forward_dropout", "forward_short"):
-        assert family.kind_reasons(spec, kind) == [f"fp8 inputs: the fixed-length forward only (no {kind} kernel yet)"]
+    assert set(family.call_kinds(spec)) == {"forward_varlen"} and family.kind_reasons(spec, "forward_varlen") == []
+    for kind in ("backward", "forward_varlen_dropout", "forward_dropout", "forward_short"):
+        assert family.kind_reasons(spec, kind) == [
+            f"fp8 inputs: the fixed-length and varlen forwards only (no {kind} kernel yet)"]
 
 
 def test_fp8_tiles_are_whole_32_key_blocks():
@@ -187,3 +188,22 @@ def test_quantize_per_kv_head_group():
     assert ((back - x).abs() <= 2 ** -4 * x.abs() + 2 ** -10 * descale.repeat_interleave(4, 1)[:, None, :, None]).all()
     with pytest.raises(InputError, match="multiple of heads_kv"):
         fp8.quantize(x, heads_kv=3)
+
+
+def test_varlen_transpose_gives_each_sequence_its_own_tile_padded_region():
+    lengths = [0, 1, 70, 33, 128]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    g = torch.Generator().manual_seed(4)
+    v = (torch.randn(int(cu[-1]), 3, 16, generator=g) * 9).to(fp8.E4M3)
+    vt, offsets = fp8.transpose_v_varlen(v, cu, tile_n=64)
+    assert offsets.dtype == torch.int32 and offsets.tolist() == [0, 0, 64, 192, 256, 384]
+    assert vt.stride(0) == 1 and vt.shape[0] >= 384 and vt.shape[0] % 32 == 0
+    for b, n in enumerate(lengths):
+        region = vt[offsets[b]:offsets[b + 1]].float()
+        if n:
+            want = fp8.transpose_v(v[cu[b]:cu[b + 1]].unsqueeze(0))[0].float()  # the sequence alone
+            assert torch.equal(region[:want.shape[0]], want)
+            assert not region[want.shape[0]:].any()
+    assert not vt[384:].float().any()
+    empty, offsets = fp8.transpose_v_varlen(v[:0], torch.zeros(1, dtype=torch.int32), tile_n=64)
+    assert offsets.tolist() == [0] and not empty.float().any()

@@ -68,6 +68,11 @@ def _draw(gen, shape, magnitude):
 
 def _check(spec, q8, k8, v8, descales, inputs=None):
     out, lse = fa_gen.attention_fp8(q8, k8, v8, spec, *descales, inputs=inputs)
+    return _judge(spec, out, lse, q8, k8, v8, descales, inputs)
+
+
+def _judge(spec, out, lse, q8, k8, v8, descales, inputs=None):
+    """out/lse of (batch, seqlen, heads, d) fp8 inputs against the reference, within twice the yardstick's error."""
     assert out.dtype == _OUT[spec.output_dtype.value]
     q, k, v = (fp8.dequantize(x, d) for x, d in zip((q8, k8, v8), descales))
     ref, ref_lse = attention_reference(q, k, v, spec, inputs=inputs)
@@ -180,3 +185,37 @@ def test_pretransposed_v_gives_the_same_result():
     out, lse = fa_gen.attention_fp8(q8, k8, v8, spec, qd, kd, vd)
     out_t, lse_t = fa_gen.attention_fp8(q8, k8, fp8.transpose_v(v8), spec, qd, kd, vd)
     assert torch.equal(out, out_t) and torch.equal(lse, lse_t)
+
+
+VARLEN_SPECS = [SPECS[0], SPECS[1], SPECS[4], SPECS[5]]  # none, causal fp16 out, window d80, softcap
+
+
+@settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_fp8_varlen_matches_each_sequence_alone(data, seed):
+    """A packed batch (lengths 0 to 300, seqlen_k < seqlen_q too) through attention_fp8_varlen: every
+    sequence judged against the reference of that sequence alone, with its own descales."""
+    from fa_gen.api import attention_fp8_varlen
+
+    spec = data.draw(st.sampled_from(VARLEN_SPECS), label="spec")
+    batch = data.draw(st.integers(1, 5), label="batch")
+    len_q = data.draw(st.lists(st.integers(0, 300), min_size=batch, max_size=batch), label="len_q")
+    len_k = data.draw(st.lists(st.integers(1, 300), min_size=batch, max_size=batch), label="len_k")
+    heads_kv, group = data.draw(st.integers(1, 2), label="heads_kv"), data.draw(st.sampled_from((1, 4)), label="group")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q8, _ = _draw(g, (1, sum(len_q), heads_kv * group, spec.head_dim_qk), 3.0)
+    k8, _ = _draw(g, (1, sum(len_k), heads_kv, spec.head_dim_qk), 3.0)
+    v8, _ = _draw(g, (1, sum(len_k), heads_kv, spec.head_dim_v), 3.0)
+    descales = tuple(torch.rand(batch, heads_kv, generator=g, device="cuda") * 0.02 + 0.005 for _ in range(3))
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for n in (len_q, len_k))
+    inputs = {"softcap": 12.0} if spec.name == "fp8_softcap" else None
+    out, lse = attention_fp8_varlen(q8[0], k8[0], v8[0], cu_q, cu_k, max(len_q), max(len_k), spec, *descales,
+                                    inputs=inputs)
+    for b in range(batch):
+        if len_q[b] == 0:
+            continue
+        rows, keys = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        _judge(spec, out[rows].unsqueeze(0), lse[:, rows].unsqueeze(0), q8[:, rows], k8[:, keys], v8[:, keys],
+               tuple(d[b:b + 1] for d in descales), inputs)

@@ -36,3 +36,21 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec 
     kernel = build(declared)
     out, lse = kernel.forward(q, k, v, inputs=inputs, descales=(q_descale, k_descale, v_descale))
     return (out, lse) if declared.return_lse else out
+
+
+def attention_fp8_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                         spec: Spec | str | os.PathLike, q_descale=None, k_descale=None, v_descale=None, inputs=None):
+    """attention_fp8 over a packed batch: q (total_q, heads, d), k/v (total_k, heads_kv, d) e4m3,
+    cu_seqlens_* (batch + 1) int32 on the device, descales per (sequence, kv head). Returns
+    (out (total_q, heads, d_v) in the spec's out_dtype, lse (heads, total_q)), or out alone when
+    the spec has return_lse false. Not differentiable."""
+    from ..inference import forward_varlen_fp8
+
+    declared = resolve_spec(spec)
+    if not declared.is_fp8:
+        raise InputError(f"attention_fp8_varlen takes an fp8 spec (dtype: fp8_e4m3); {declared.name!r} is "
+                         f"{declared.dtype.value}: call fa_gen.attention_varlen")
+    out, lse = forward_varlen_fp8(declared, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  (q_descale, k_descale, v_descale), inputs)
+    return (out, lse) if declared.return_lse else out

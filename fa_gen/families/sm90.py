@@ -176,10 +176,10 @@ def _unmeasured_tile(table: dict, head_dim_qk: int, head_dim_v: int) -> TileConf
 
 
 def fp8_reasons(spec: Spec, kind: str) -> list[str]:
-    """Why an fp8 spec has no `kind` kernel in this family: the fixed-length forward only."""
-    if not spec.is_fp8 or kind == "forward":
+    """Why an fp8 spec has no `kind` kernel in this family: the fixed-length and varlen forwards only."""
+    if not spec.is_fp8 or kind == "forward" or kind == VARLEN_KIND and not varlen_reasons(spec):
         return []
-    return [f"fp8 inputs: the fixed-length forward only (no {kind} kernel yet)"]
+    return [f"fp8 inputs: the fixed-length and varlen forwards only (no {kind} kernel yet)"]
 
 
 def short_tiles_reasons(spec: Spec) -> list[str]:
@@ -249,7 +249,7 @@ class Sm90Family(Family):
         """The varlen forward (templates/common/seqlen.j2); the split-KV and GQA-packed decode
         kinds are the sm80 family's."""
         if spec.is_fp8:
-            return {}
+            return {} if varlen_reasons(spec) else {VARLEN_KIND: (self.forward_template, f"{VARLEN_KIND}.py")}
         kinds = {DROPOUT_KIND: (self.forward_template, f"{DROPOUT_KIND}.py")}
         if not sm90_backward.dropout_reasons(spec, self.archs[0]):
             kinds[BACKWARD_DROPOUT_KIND] = ("backward.py.j2", f"{BACKWARD_DROPOUT_KIND}.py")
