@@ -161,7 +161,7 @@ def _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_sl
 def _refuse_fp8(q, function: str) -> None:
     if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
         raise UnsupportedError(f"float8_e4m3fn inputs in {function}", [
-            "fp8 is served by the fixed-length forward only so far (flash_attn_func, fa_gen.attention_fp8)"])
+            "fp8 runs through flash_attn_func, fa_gen.attention_fp8 and (packed batches) fa_gen.attention_fp8_varlen"])
 
 
 def _dtype(q) -> str:
