@@ -148,6 +148,15 @@ def descale_tensor(name: str, value, batch: int, heads_kv: int, device) -> torch
     return t.to(device=device, dtype=torch.float32).contiguous()
 
 
+def descale_tensors(descales, batch: int, heads_kv: int, device) -> list[torch.Tensor]:
+    """(q_descale, k_descale, v_descale), or None for all three, as the kernel reads them (descale_tensor)."""
+    given = descales if descales is not None else (None, None, None)
+    if len(given) != 3:
+        raise InputError("descales must be (q_descale, k_descale, v_descale)")
+    return [descale_tensor(name, value, batch, heads_kv, device)
+            for name, value in zip(("q_descale", "k_descale", "v_descale"), given)]
+
+
 @functools.lru_cache(maxsize=64)
 def _ones(batch: int, heads_kv: int, device: torch.device) -> torch.Tensor:
     """Descale 1, made once per shape and device (read only, never written)."""

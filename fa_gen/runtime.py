@@ -213,12 +213,7 @@ class Fp8Kernel(Kernel):
         fp8.check_transposed(v, k, self.spec.head_dim_v)
 
     def _operands(self, q, k, v, out, lse, descales) -> tuple:
-        batch, heads_kv = k.shape[0], k.shape[2]
-        names = ("q_descale", "k_descale", "v_descale")
-        given = descales if descales is not None else (None, None, None)
-        if len(given) != 3:
-            raise InputError("descales must be (q_descale, k_descale, v_descale)")
-        scales = [fp8.descale_tensor(n, d, batch, heads_kv, q.device) for n, d in zip(names, given)]
+        scales = fp8.descale_tensors(descales, k.shape[0], k.shape[2], q.device)
         vt = v if fp8.is_transposed(v) else fp8.transpose_v(v, self.arch)
         return (q, k, vt, out, lse, *scales)
 
