@@ -1,0 +1,112 @@
+"""L0 (CPU): the sm100 family (tcgen05, tensor memory), checked without a Blackwell GPU (issue 20).
+
+The family is opt-in (family="sm100") until a Blackwell GPU has run it; the Ampere-class sm80
+family stays the default on sm_100a/sm_103a. Every shipped spec it claims compiles here for
+every arch it names, and the SASS holds its structure: tcgen05 MMAs (UTCHMMA), TMA loads
+(UTMALDG), tensor-memory loads and stores (LDTM/STTM), one TMEM allocation paired with one
+release, and no local memory (a register spill is STL/LDL). The exactness suite that runs the
+day a Blackwell GPU is present is tests/test_gpu_sm100.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fa_gen import archs, sass
+from fa_gen.arch_table import arch_info
+from fa_gen.errors import UnsupportedError
+from fa_gen.families.sm100 import TMEM_COLUMNS, Sm100Family, tile_config
+from fa_gen.render import render_target
+from fa_gen.runtime import resolve_spec
+from fa_gen.spec_load import load_spec
+from fa_gen.target import resolve_target
+
+SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
+SHIPPED = sorted(p.stem for p in SPECS_DIR.glob("*.yaml"))
+FAMILY = Sm100Family()
+# What the family serves today: fp16/bf16, head dims 64/96/128, windows and score mods.
+CLAIMED = ["alibi", "alibi_supplied", "causal_bf16_d128", "causal_fp16_d64", "causal_topleft_fp16_d96",
+           "full_bf16_d128", "full_fp16_d64", "relative_bias", "sliding_window_bf16_d128", "softcap"]
+
+
+def claimed(name: str) -> bool:
+    return not FAMILY.can_implement(resolve_spec(name), "sm_100a")
+
+
+def test_the_family_claims_these_shipped_specs_and_says_why_not_the_others():
+    assert [name for name in SHIPPED if claimed(name)] == CLAIMED
+    reasons = {name: FAMILY.can_implement(resolve_spec(name), "sm_100a") for name in SHIPPED if not claimed(name)}
+    assert "mask expressions" in " ".join(reasons["document"])
+    assert "sink logits" in " ".join(reasons["sink_logit"])
+    assert "head_dim" in " ".join(reasons["full_bf16_d256"])
+    assert "dtype fp8_e4m3" in " ".join(reasons["fp8_e4m3_d128"])
+
+
+def test_it_is_opt_in_and_renders_the_forward_only():
+    spec = resolve_spec("causal_bf16_d128")
+    for arch in ("sm_100a", "sm_103a"):
+        assert archs.family_for(spec, arch).name == "sm80"
+        assert resolve_target(spec, arch, "forward").family.name == "sm80"
+        assert resolve_target(spec, arch, "forward", family="sm100").family.name == "sm100"
+    with pytest.raises(UnsupportedError, match="fixed-length forward only"):
+        resolve_target(spec, "sm_100a", "backward", family="sm100")
+    with pytest.raises(UnsupportedError, match="serves sm_100a"):
+        resolve_target(spec, "sm_90a", "forward", family="sm100")
+
+
+@pytest.mark.parametrize("name", CLAIMED)
+def test_budgets_fit_tensor_and_shared_memory(name):
+    """Two S buffers and O within TMEM's 512 columns; Q, the K/V ring and two P buffers within
+    the arch's shared memory (the kernel's struct adds its mbarriers and row statistics, which
+    the family's overhead term covers)."""
+    spec = resolve_spec(name)
+    cfg = tile_config(spec)
+    assert cfg.tmem_columns(spec.head_dim_qk) <= TMEM_COLUMNS
+    assert cfg.smem_bytes(spec.head_dim_qk) <= arch_info("sm_100a").max_smem_per_block
+
+
+def test_tuning_that_breaks_a_budget_is_refused_with_the_reason():
+    from fa_gen.errors import SpecError
+
+    base = {"name": "t", "dtype": "bf16", "head_dim": 128, "mask": "causal"}
+    with pytest.raises(SpecError, match="shared memory"):
+        load_spec({**base, "tuning": {"sm100": {"num_stages": 4}}})
+    with pytest.raises(SpecError, match="multiple of 32"):
+        load_spec({**base, "tuning": {"sm100": {"tile_n": 80}}})
+    # Within budget: taken as given.
+    assert tile_config(load_spec({**base, "tuning": {"sm100": {"tile_n": 64, "num_stages": 4}}})).num_stages == 4
+
+
+def _sass_counts(name: str, arch: str, tmp_path, monkeypatch):
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", arch)
+    target = resolve_target(resolve_spec(name), arch, "forward", family="sm100")
+    path = tmp_path / f"{name}-{arch}.o"
+    compile_to_object(render_target(target).text, arch, path, label=f"{name} sm100 {arch}")
+    if sass.nvdisasm_path() is None:
+        pytest.skip("the SASS check needs the test extras' nvidia-cuda-nvdisasm")
+    return sass.opcode_counts(sass.disassemble(path))
+
+
+def _check_structure(counts, what: str):
+    for opcode in ("UTCHMMA", "UTMALDG", "LDTM", "STTM", "UTCBAR"):
+        assert sass.has(counts, opcode), f"{what}: no {opcode} in its SASS"
+    # One allocation (FIND_AND_SET, in a retry loop: it may appear twice) and one release.
+    assert sass.has(counts, "UTCATOMSWS.FIND_AND_SET") >= 1, f"{what}: no TMEM allocation"
+    assert sass.has(counts, "UTCATOMSWS.AND") == 1, f"{what}: TMEM released {sass.has(counts, 'UTCATOMSWS.AND')} times"
+    for opcode in ("STL", "LDL"):
+        assert not sass.has(counts, opcode), f"{what}: {sass.has(counts, opcode)} {opcode} (local memory)"
+
+
+@pytest.mark.parametrize("name", CLAIMED)
+def test_every_claimed_spec_compiles_for_sm_100a_with_its_structure(name, tmp_path, monkeypatch):
+    _check_structure(_sass_counts(name, "sm_100a", tmp_path, monkeypatch), f"{name} on sm_100a")
+
+
+@pytest.mark.parametrize("arch", ["sm_103a", "sm_100f", "sm_103f"])
+@pytest.mark.parametrize("name", ["causal_bf16_d128", "softcap"])
+def test_the_other_archs_compile_too(name, arch, tmp_path, monkeypatch):
+    _check_structure(_sass_counts(name, arch, tmp_path, monkeypatch), f"{name} on {arch}")
