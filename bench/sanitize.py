@@ -219,12 +219,16 @@ CASES = {
 
 
 def run_tools(cases: list[str], out_dir: Path, tools=TOOLS, kernels: str | None = None,
-              per_case: bool = False) -> int:
+              per_case: bool = False, case_timeout: float | None = None) -> int:
     """Each tool over the cases (kernels already compiled); one summary line per tool, or with
     `per_case` one per (tool, case), each its own process and log (a slow tool, initcheck on
     everything, then reports what finished). `kernels`: check only kernels whose name holds this
-    text (fa_gen's: "kernel_cutlass"), not PyTorch's. PyTorch's caching allocator is off under the
-    tools, so each tensor is an allocation of its own for them."""
+    text (fa_gen's: "kernel_cutlass"), not PyTorch's; initcheck then leaves host API copies alone
+    (--check-api-memory-access no): run on everything, it reported PyTorch's cudaMemcpy of
+    buffers the reference builds, one error per 32 bytes (which also made it slow), none of them
+    an fa_gen kernel's read. PyTorch's caching allocator is off under the tools, so each tensor
+    is an allocation of its own for them. `case_timeout`: seconds one process may take (its log
+    says so, and the next one runs)."""
     failed = 0
     only = ["--kernel-name", f"kns={kernels}"] if kernels else []
     environ = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
@@ -232,16 +236,23 @@ def run_tools(cases: list[str], out_dir: Path, tools=TOOLS, kernels: str | None 
         for group in ([[c] for c in cases] if per_case else [cases]):
             label = tool + (f"-{group[0]}" if per_case else "")
             log = out_dir / f"sanitize-{label}.log"
-            command = ["compute-sanitizer", "--tool", tool, "--print-limit", "50", *only, sys.executable, __file__,
-                       *group]
+            api = ["--check-api-memory-access", "no"] if tool == "initcheck" and kernels else []
+            command = ["compute-sanitizer", "--tool", tool, "--print-limit", "50", *only, *api, sys.executable,
+                       __file__, *group]
             start = time.time()
-            result = subprocess.run(command, capture_output=True, text=True, env=environ)
-            log.write_text(result.stdout + result.stderr)
-            summary = next((line for line in reversed((result.stdout + result.stderr).splitlines())
+            try:
+                result = subprocess.run(command, capture_output=True, text=True, env=environ, timeout=case_timeout)
+                text, returncode = result.stdout + result.stderr, result.returncode
+            except subprocess.TimeoutExpired as timeout:
+                text = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+                               for part in (timeout.stdout, timeout.stderr))
+                text, returncode = text + f"\ntimed out after {case_timeout} s\n", 124
+            log.write_text(text)
+            summary = next((line for line in reversed(text.splitlines())
                             if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line),
-                           f"no summary (rc {result.returncode})")
-            print(f"{label}: {summary.strip()} ({time.time() - start:.0f} s, rc {result.returncode})", flush=True)
-            failed += result.returncode != 0
+                           f"no summary (rc {returncode})")
+            print(f"{label}: {summary.strip()} ({time.time() - start:.0f} s, rc {returncode})", flush=True)
+            failed += returncode != 0
     return failed
 
 
@@ -254,6 +265,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--kernels", help="with --tools: check only kernels whose name holds this text")
     parser.add_argument("--per-case", action="store_true", help="with --tools: one process and summary per case")
+    parser.add_argument("--case-timeout", type=float, help="with --tools: seconds one sanitizer process may take")
     args = parser.parse_args()
     cases = args.cases or list(CASES)
     unknown = set(cases) - set(CASES)
@@ -272,7 +284,8 @@ def main() -> int:
                 print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
             print(f"{name}: {'ok' if ok else 'WRONG'} unsanitized", flush=True)
             ready += [name] if ok else []
-        return run_tools(ready, Path(args.out), tuple(args.tool or TOOLS), args.kernels, args.per_case) \
+        return run_tools(ready, Path(args.out), tuple(args.tool or TOOLS), args.kernels, args.per_case,
+                         args.case_timeout) \
             + (len(ready) < len(cases))
     bad = [name for name in cases if not CASES[name]()]
     torch.cuda.synchronize()
