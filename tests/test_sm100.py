@@ -110,3 +110,79 @@ def test_every_claimed_spec_compiles_for_sm_100a_with_its_structure(name, tmp_pa
 @pytest.mark.parametrize("name", ["causal_bf16_d128", "softcap"])
 def test_the_other_archs_compile_too(name, arch, tmp_path, monkeypatch):
     _check_structure(_sass_counts(name, arch, tmp_path, monkeypatch), f"{name} on {arch}")
+
+
+def _render_module(spec, monkeypatch):
+    from fa_gen.backends.cute_dsl import _import_rendered
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_100a")
+    text = render_target(resolve_target(spec, "sm_100a", "forward", family="sm100")).text
+    return _import_rendered(text, f"fa_gen_sm100_test_{abs(hash(text)) & 0xFFFFFFFF:08x}")
+
+
+@pytest.mark.parametrize("name", ["causal_bf16_d128", "softcap", "causal_topleft_fp16_d96", "full_fp16_d64"])
+def test_register_grants_fit_the_launch(name, monkeypatch):
+    """setmaxnreg.inc waits for registers the other warpgroups gave back: the three grants may not
+    exceed three warpgroups at the launch count (65536 registers over the CTA's threads)."""
+    module = _render_module(resolve_spec(name), monkeypatch)
+    launch = 65536 // module.NUM_THREADS // 8 * 8
+    assert module.LAUNCH_REGISTERS == launch
+    grants = module.LOAD_MMA_REGISTERS + module.SOFTMAX_REGISTERS + module.CORRECTION_REGISTERS
+    assert grants <= 3 * launch, f"{grants} registers granted, {3 * launch} at launch"
+
+
+def _flat(t) -> list:
+    return [x for item in t for x in _flat(item)] if isinstance(t, tuple) else [t]
+
+
+def _offset(shape, stride, index: int) -> int:
+    """A layout's value at a 1-D (column-major) index, from its shape and stride."""
+    total = 0
+    for extent, step in zip(_flat(shape), _flat(stride)):
+        total += index % extent * step
+        index //= extent
+    return total
+
+
+@pytest.mark.parametrize("tile_n", [32, 64, 96, 128])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_softmax_writes_p_where_the_mma_reads_it(tile_n, dtype, monkeypatch):
+    """Every (row, key, stage) of P: the softmax's row view (p_row_layout) and the P V MMA's
+    A-operand layout (make_smem_layout_a) give the same element offset and the same swizzle."""
+    import cutlass.cute as cute
+
+    spec = load_spec({"name": "p", "dtype": dtype, "head_dim": 128, "tuning": {"sm100": {"tile_n": tile_n}}})
+    module = _render_module(spec, monkeypatch)
+    found = {}
+
+    @cute.jit
+    def layouts():
+        _, pv = module.make_tiled_mmas()
+        mma = module.sm100_utils.make_smem_layout_a(pv, module.MMA_TILER_PV, module.DTYPE, module.P_STAGES)
+        rows = module.p_row_layout()
+        coords = pv.get_slice(0).partition_A(cute.make_identity_tensor((module.TILE_M, module.TILE_N)))
+        found.update(mma=(mma.outer.shape, mma.outer.stride, str(mma.inner)),
+                     rows=(rows.outer.shape, rows.outer.stride, str(rows.inner)),
+                     coords=(coords.layout.shape, [str(s) for s in _flat(coords.layout.stride)]))
+
+    layouts()
+    (mma_shape, mma_stride, mma_swizzle), (row_shape, row_stride, row_swizzle) = found["mma"], found["rows"]
+    assert mma_swizzle == row_swizzle
+    # The coordinate layout's strides are basis elements: "k@0" moves the row by k, "k@1" the key.
+    steps = [(0, 0) if s == "0" else ((int(s.split("@")[0]), 0) if s.endswith("@0") else (0, int(s.split("@")[0])))
+             for s in found["coords"][1]]
+    extents = _flat(found["coords"][0])
+    per_stage = module.TILE_M * module.TILE_N
+    stage_stride = _flat(mma_stride[3])[0]
+    seen = set()
+    for stage in range(module.P_STAGES):
+        for index in range(per_stage):
+            row = key = 0
+            rest = index
+            for extent, (d_row, d_key) in zip(extents, steps):
+                row, key, rest = row + rest % extent * d_row, key + rest % extent * d_key, rest // extent
+            seen.add((row, key))
+            mma_offset = _offset(mma_shape[:3], mma_stride[:3], index) + stage * stage_stride
+            row_offset = _offset(row_shape, row_stride, row + module.TILE_M * (key + module.TILE_N * stage))
+            assert mma_offset == row_offset, f"P[{row}, {key}] stage {stage}: MMA reads {mma_offset}, softmax writes {row_offset}"
+    assert len(seen) == per_stage
