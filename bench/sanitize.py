@@ -258,6 +258,38 @@ def run_tools(cases: list[str], out_dir: Path, tools=TOOLS, kernels: str | None 
     return failed
 
 
+def _trace_tensors() -> None:
+    """Print every CUDA tensor a torch op makes (TENSOR <op> <address> <bytes> <shape> <dtype>), so
+    that count_errors can say whose memory a flagged address is (or past whose end it lies)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    seen = set()
+
+    class Trace(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            for t in tree_leaves(result):
+                if isinstance(t, torch.Tensor) and t.is_cuda and t.untyped_storage().data_ptr() not in seen:
+                    storage = t.untyped_storage()
+                    seen.add(storage.data_ptr())
+                    print(f"TENSOR {func} {storage.data_ptr():#x} {storage.nbytes()} {list(t.shape)} {t.dtype}",
+                          flush=True)
+            return result
+
+    Trace().__enter__()
+
+
+def _attribute(address: int, tensors: list[tuple[int, int, str]]) -> str:
+    """Which traced tensor `address` falls in, or past whose end (by how many bytes)."""
+    below = [(base, size, what) for base, size, what in tensors if base <= address]
+    if not below:
+        return "no traced tensor below it"
+    base, size, what = max(below)
+    inside = address - base
+    return f"{what} +{inside}" if inside < size else f"{inside - size} bytes past the end of {what} ({size} bytes)"
+
+
 def _unchecked(*args, **kwargs):
     """compare() that computes nothing (FA_GEN_SANITIZE_UNCHECKED): every result counts as right."""
     return type("Unchecked", (), {"ok": True})()
@@ -275,12 +307,14 @@ def count_errors(cases: list[str], out_dir: Path, tool: str, kernels: str | None
 
     only = ["--kernel-name", f"kns={kernels}"] if kernels else []
     api = [] if api_checks else ["--check-api-memory-access", "no"]
-    environ = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", FA_GEN_SANITIZE_UNCHECKED="1")
+    environ = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", FA_GEN_SANITIZE_UNCHECKED="1",
+                   FA_GEN_SANITIZE_TRACE="1")
     failed = 0
     for case in cases:
         command = ["compute-sanitizer", "--tool", tool, "--print-limit", "100000000", *only, *api, sys.executable,
                    __file__, case]
         counts, total, kind, start = collections.Counter(), None, None, time.time()
+        addresses, tensors, address = collections.defaultdict(list), [], None
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
         try:
             for line in process.stdout:
@@ -288,21 +322,33 @@ def count_errors(cases: list[str], out_dir: Path, tool: str, kernels: str | None
                 if time.time() - start > (case_timeout or float("inf")):
                     process.kill()
                     break
-                if re.match(r"(Uninitialized|Invalid|Host API|Race|Barrier|Misaligned)", body):
+                if line.startswith("TENSOR "):
+                    _, op, base, size, *what = line.split()
+                    tensors.append((int(base, 16), int(size), f"{op} {' '.join(what)}"))
+                elif re.match(r"(Uninitialized|Invalid|Host API|Race|Barrier|Misaligned)", body):
                     kind = re.split(r" of size| at host| at 0x", body)[0]
                 elif kind and body.startswith(("at ", "Uninitialized access", "Invalid access")):
                     where = re.sub(r"\+0x[0-9a-f]+$", "", body.split(" on access by ")[-1].removeprefix("at "))
-                    counts[f"{kind} | {where[:120]}"] += 1
+                    label = f"{kind} | {where[:120]}"
+                    counts[label] += 1
                     kind = None
+                elif label_address := re.match(r"Address (0x[0-9a-f]+)", body):
+                    address = int(label_address.group(1), 16)
+                    if counts and len(addresses[label]) < 6:
+                        addresses[label].append(address)
                 elif match := re.search(r"ERROR SUMMARY: (\d+) errors?$", body):
                     total = int(match.group(1))
         finally:
             process.wait()
         result = {"case": case, "tool": tool, "api_checks": api_checks, "seconds": round(time.time() - start, 1),
-                  "total": total, "finished": total is not None, "by_kind_and_place": dict(counts.most_common())}
+                  "total": total, "finished": total is not None, "by_kind_and_place": dict(counts.most_common()),
+                  "first_addresses": {k: [f"{a:#x}: {_attribute(a, tensors)}" for a in v]
+                                      for k, v in addresses.items()}}
         (out_dir / f"count-{tool}-{case}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(f"{tool}-{case}: total {total} in {result['seconds']} s; "
               + "; ".join(f"{n} x {k}" for k, n in counts.most_common(4)), flush=True)
+        for k, v in result["first_addresses"].items():
+            print(f"  {k[:90]}: {v[:3]}", flush=True)
         failed += total != 0
     return failed
 
@@ -345,6 +391,8 @@ def main() -> int:
         return run_tools(ready, Path(args.out), tuple(args.tool or TOOLS), args.kernels, args.per_case,
                          args.case_timeout) \
             + (len(ready) < len(cases))
+    if os.environ.get("FA_GEN_SANITIZE_TRACE"):
+        _trace_tensors()
     if os.environ.get("FA_GEN_SANITIZE_UNCHECKED"):
         # Under count_errors: the results were checked in the unsanitized pass; the reference's
         # own copies (float64 tensors, masked fills) would only add host API reports.
