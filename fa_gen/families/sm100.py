@@ -68,17 +68,21 @@ class TileConfig:
 _DEFAULT_TILES = {64: TileConfig(num_stages=3), 96: TileConfig(), 128: TileConfig()}
 
 
-# A score mod's per-key temporaries (and its reads of the spec's inputs) sit beside a softmax
+# An expression's per-key temporaries (and its reads of the spec's inputs) sit beside a softmax
 # thread's row of S: with 128 keys, alibi and relative_bias spilled at the softmax warpgroup's
 # 256 registers; 64-key tiles leave room for them (softcap fitted either way).
-SCORE_MOD_TILE_N = 64
+EXPRESSION_TILE_N = 64
+# An input with a seqlen_k axis is read once per key (document ids): 32-key tiles (at 64 keys,
+# `document` spilled).
+PER_KEY_INPUT_TILE_N = 32
 
 
 def tile_config(spec: Spec) -> TileConfig:
     default = _DEFAULT_TILES[spec.head_dim_qk]
-    if spec.score_mod_expr is not None:
-        # Half the keys a step: a third K/V stage fits (d 128: 162 KB).
-        default = replace(default, tile_n=SCORE_MOD_TILE_N, num_stages=3)
+    if spec.uses_expressions:
+        # Fewer keys a step: a third K/V stage fits (d 128: 162 KB).
+        per_key = any(not d.is_scalar and "seqlen_k" in d.shape for d in spec.inputs)
+        default = replace(default, tile_n=PER_KEY_INPUT_TILE_N if per_key else EXPRESSION_TILE_N, num_stages=3)
     return replace(default, **spec.tuning_for(Sm100Family.name))
 
 
@@ -91,7 +95,7 @@ class Sm100Family(Family):
     archs = ("sm_100a", "sm_103a", "sm_100f", "sm_103f")
     backend = "cute_dsl"
     tuning_params = ("tile_n", "num_stages", "l2_kv_mb", "persist_m_blocks", "persist_l2_groups")
-    # Score mods in the forward (mask expressions and sinks: spec_reasons).
+    # Score mods, mask expressions (per-call key-tile lists) and sink logits in the forward.
     supports_expressions = True
 
     def verification(self):
@@ -109,10 +113,6 @@ class Sm100Family(Family):
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
         reasons = dtype_and_head_dim_reasons(spec, tuple(_DSL_DTYPES), HEAD_DIMS)
-        if spec.mask_expr is not None:
-            reasons.append("mask expressions are not implemented in this family yet (score mods are)")
-        if spec.sink_expr is not None:
-            reasons.append("sink logits are not implemented in this family yet")
         if not reasons:
             reasons.extend(_tile_reasons(tile_config(spec), spec, arch))
         return reasons
