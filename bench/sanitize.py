@@ -200,6 +200,32 @@ def sm80_family():
     return compare(spec, q, k, v, out, lse).ok and all(torch.isfinite(g).all() for g in grads)
 
 
+def fp8_varlen():
+    """The fp8 varlen forward (Hopper): V^T per sequence padded to whole key tiles, an empty
+    sequence and one with seqlen_k < seqlen_q, each sequence against its own dequantised reference."""
+    from fa_gen import fp8
+    from fa_gen.api import attention_fp8_varlen
+    from fa_gen.reference import attention_reference
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        return True  # Hopper's alone
+    spec = load_spec({"name": "sanitize_fp8_varlen", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "causal"})
+    len_q, len_k = [130, 0, 257], [200, 9, 70]
+    q8, k8, v8 = ((_randn(sum(n), h, 128, dtype=torch.float32, seed=40 + i) * 20).to(fp8.E4M3)
+                  for i, (n, h) in enumerate(((len_q, 4), (len_k, 2), (len_k, 2))))
+    descales = tuple(torch.rand(3, 2, device="cuda") * 0.01 + 0.01 for _ in range(3))
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for n in (len_q, len_k))
+    out, _ = attention_fp8_varlen(q8, k8, v8, cu_q, cu_k, max(len_q), max(len_k), spec, *descales)
+    ok = bool(torch.isfinite(out).all())
+    for b in (0, 2):
+        rows, keys = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        parts = [fp8.dequantize(x[None], d[b:b + 1]) for x, d in zip((q8[rows], k8[keys], v8[keys]), descales)]
+        ref, _ = attention_reference(*parts, spec)
+        ok &= float((out[rows].double() - ref[0]).abs().max()) < 0.1 * float(ref.abs().max())
+    return ok
+
+
 CASES = {
     "fixed_forward": fixed_forward,
     # Causal d64 up to 1k keys takes Hopper's short-sequence forward kind.
@@ -214,6 +240,7 @@ CASES = {
     "dropout": dropout,
     "mla": mla,
     "fp8_forward": fp8_forward,
+    "fp8_varlen": fp8_varlen,
     "shifted": shifted,
     "sm80_family": sm80_family,
 }

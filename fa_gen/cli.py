@@ -63,7 +63,7 @@ def _cmd_build(args) -> int:
     print(f"spec {spec.name}: {spec.dtype.value}, head_dim qk {spec.head_dim_qk} v {spec.head_dim_v}, "
           f"mask {spec.mask.value} (window {spec.window_left}, {spec.window_right}, {spec.alignment.value})")
     for arch in _build_archs(spec, args):
-        kernel = build(spec, arch)
+        kernel = build(spec, arch, family=args.family)
         info = kernel.info
         how = "compiled" if info.compiled else "loaded from cache"
         print(f"  {arch}: family {info.family}, {how} in {info.seconds:.2f} s")
@@ -159,6 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("spec")
     p.add_argument("--arch", help="compile target (e.g. sm_80, sm_90a); default: this GPU, else all of the spec's")
     p.add_argument("--no-check", action="store_true", help="on a GPU, skip the exactness check and timing")
+    p.add_argument("--family", help="a template family by name (e.g. the opt-in sm100); default: the arch's preferred")
     p.set_defaults(func=_cmd_build)
     p = sub.add_parser("check", help="exactness against the float64 reference on random inputs (GPU)")
     p.add_argument("spec")

@@ -187,3 +187,15 @@ def test_softmax_writes_p_where_the_mma_reads_it(tile_n, dtype, monkeypatch):
             row_offset = _offset(row_shape, row_stride, row + module.TILE_M * (key + module.TILE_N * stage))
             assert mma_offset == row_offset, f"P[{row}, {key}] stage {stage}: MMA reads {mma_offset}, softmax writes {row_offset}"
     assert len(seen) == per_stage
+
+
+def test_fa_gen_build_reaches_the_family_by_name(tmp_path, monkeypatch, capsys):
+    """`fa-gen build SPEC --arch sm_100a --family sm100` compiles the opt-in family on the CPU;
+    a family that does not serve the arch is refused with its reason."""
+    from fa_gen.cli import main
+
+    monkeypatch.setenv("FA_GEN_CACHE_DIR", str(tmp_path))
+    assert main(["build", "causal_fp16_d64", "--arch", "sm_100a", "--family", "sm100"]) == 0
+    assert "sm_100a: family sm100, compiled" in capsys.readouterr().out
+    assert main(["build", "causal_fp16_d64", "--arch", "sm_90a", "--family", "sm100"]) != 0
+    assert "serves sm_100a" in capsys.readouterr().err
