@@ -180,6 +180,38 @@ def quantize(x: torch.Tensor, heads_kv: int | None = None) -> tuple[torch.Tensor
     return x8, descale
 
 
+def rotation(head_dim: int, seed: int = 0, device=None) -> torch.Tensor:
+    """An orthogonal (head_dim, head_dim) float32 matrix R = diag(signs) H for incoherent
+    processing (FlashAttention-3, section 3.3): H the normalised Walsh-Hadamard matrix, block
+    diagonal with blocks of the largest power of two dividing head_dim (64 at 192, 32 at 96), and
+    the signs random +-1 from `seed`. (q R)(k R)^T = q k^T: the scores are unchanged, while a few
+    outlier channels are spread over the block before e4m3 rounds them."""
+    block = head_dim & -head_dim
+    if head_dim <= 0 or block < 2:
+        raise InputError(f"rotation: head_dim {head_dim} needs an even factor (its largest power-of-two divisor is {block})")
+    hadamard = torch.ones(1, 1, dtype=torch.float64)
+    while hadamard.shape[0] < block:
+        hadamard = torch.cat([torch.cat([hadamard, hadamard], 1), torch.cat([hadamard, -hadamard], 1)], 0)
+    blocks = torch.block_diag(*[hadamard / block ** 0.5] * (head_dim // block))
+    generator = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (head_dim,), generator=generator, dtype=torch.float64) * 2 - 1
+    return (signs[:, None] * blocks).float().to(device)
+
+
+def quantize_qk_incoherent(q: torch.Tensor, k: torch.Tensor, seed: int = 0):
+    """(q8, q_descale, k8, k_descale) of q and k rotated by the same `rotation(d, seed)` before
+    quantize (q's descales one per kv head, as the kernel takes them). The fp8 kernel then computes
+    the same scores from better-rounded inputs: for inputs whose magnitude sits in a few channels
+    the scores' error falls (bench/fp8_accuracy.py). V is not rotated (O = P V needs it as it is)."""
+    if q.dim() != 4 or k.dim() != 4 or q.shape[-1] != k.shape[-1]:
+        raise InputError(f"quantize_qk_incoherent takes q and k (batch, seqlen, heads, d) of one head dim; got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+    r = rotation(q.shape[-1], seed, q.device)
+    q8, qd = quantize(q.float() @ r, heads_kv=k.shape[2])
+    k8, kd = quantize(k.float() @ r)
+    return q8, qd, k8, kd
+
+
 def dequantize(x8: torch.Tensor, descale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
     """x8 * descale in `dtype`, with descale (batch, heads of x8 or fewer: one per group of heads)."""
     group = x8.shape[2] // descale.shape[1]

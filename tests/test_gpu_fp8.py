@@ -219,3 +219,25 @@ def test_fp8_varlen_matches_each_sequence_alone(data, seed):
         rows, keys = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
         _judge(spec, out[rows].unsqueeze(0), lse[:, rows].unsqueeze(0), q8[:, rows], k8[:, keys], v8[:, keys],
                tuple(d[b:b + 1] for d in descales), inputs)
+
+
+def test_incoherent_processing_through_the_kernel():
+    """Q and K with a few channels 20 times larger, rotated (fa_gen.fp8.quantize_qk_incoherent) or
+    not: the kernel stays within its yardstick either way, and the rotation cuts the output's
+    RMSE against the float64 reference of the unquantised inputs (bench/fp8_accuracy.py)."""
+    spec = load_spec({"name": "fp8_incoherent", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "causal"})
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(2, 300, 4, 128, generator=g, device="cuda", dtype=torch.float64) for _ in range(3))
+    channels = torch.randperm(128, generator=g, device="cuda")[:4]
+    q[..., channels] *= 20
+    k[..., channels] *= 20
+    truth, _ = attention_reference(q, k, v, spec)
+    v8, vd = fp8.quantize(v)
+    rmse = {}
+    for incoherent in (False, True):
+        q8, qd, k8, kd = (fp8.quantize_qk_incoherent(q, k) if incoherent
+                          else fp8.quantize(q, heads_kv=4) + fp8.quantize(k))
+        _check(spec, q8, k8, v8, (qd, kd, vd))
+        out, _ = fa_gen.attention_fp8(q8, k8, v8, spec, qd, kd, vd)
+        rmse[incoherent] = float((out.double() - truth).pow(2).mean().sqrt())
+    assert rmse[False] > 2 * rmse[True], rmse
