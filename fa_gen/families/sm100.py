@@ -6,8 +6,9 @@ CPU (tests/test_sm100.py), but no Blackwell GPU has run it, so the Ampere-class 
 the default on these archs until one has. Its L1 exactness suite is parametrised for it and skips
 with that reason until a Blackwell device is present.
 
-One CTA works on 128 query rows of one (batch, head) at a time, walking key tiles of 128:
-  warp 0        TMA: Q once per tile, K and V through NUM_STAGES-deep rings (sm90's producer);
+One CTA works on 128 query rows of one (batch, head) at a time, walking key tiles of 128 (64 or
+32 for expression specs):
+  warp 0        TMA: Q once per tile, K and V of each visited key tile into a NUM_STAGES-deep ring;
   warp 1        MMA: one thread issues S = Q K^T into one of two TMEM S buffers, then
                 O += P V into the TMEM O accumulator, P read from shared memory;
   warpgroup 1   softmax: thread r owns query row r (TMEM lane r): loads its S row, masks it,
@@ -16,7 +17,9 @@ One CTA works on 128 query rows of one (batch, head) at a time, walking key tile
                 than RESCALE_THRESHOLD (log2 units), so most steps rescale nothing;
   warpgroup 2   correction: rescales the rows of O whose max moved, between two P V MMAs, and
                 writes the normalised O at the end of a tile.
-The persistent grid and its tile order are the sm90 forward's (common/tile_scheduler.j2).
+The persistent grid, its tile order and the key-tile ranges are the sm90 forward's
+(common/tile_scheduler.j2, common/block_info.j2); masks and expressions common/mask.j2 and
+common/variant.j2. docs/blackwell.md has the design and what is checked without hardware.
 """
 
 from __future__ import annotations
