@@ -14,6 +14,13 @@ Disk layout::
 
     <root>/<toolchain[:16]>/<arch>/<uri>_<digest[:12]>/   source.py, object.o, meta.json
     <root>/<toolchain[:16]>/<arch>/<uri>_<digest[:12]>.lock
+    <root>/<toolchain[:16]>/<arch>/by_target/<target key>.json
+
+A `by_target` record maps what determines a rendered source (spec, family, kind, arch and
+compile options; the toolchain fingerprint, which hashes fa_gen's sources and templates, names
+the directory) to an entry's digest, so a warm process loads the entry without rendering (no
+Jinja). Records are written whole (temp file then `os.replace`) after the entry; a record whose
+entry is gone or corrupt is a miss, and the caller renders and takes `get_or_build`.
 
 `meta.json` is the commit marker, written last. It holds the full digest and
 key fields, the sha256 of object and source, compile seconds, creation time
@@ -88,6 +95,8 @@ _log = logging.getLogger(__name__)
 SOURCE_NAME = "source.py"
 OBJECT_NAME = "object.o"
 META_NAME = "meta.json"
+# <root>/<toolchain[:16]>/<arch>/by_target/<target key>.json: what a target renders to (KernelCache.index).
+INDEX_DIR = "by_target"
 _UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _TOOLCHAIN_DIR = re.compile(r"^[0-9a-f]{16}$")
 
@@ -231,6 +240,44 @@ class KernelCache:
             self._memory[key.digest] = value
             return value
 
+    def index_path(self, toolchain: str, arch: str, target_key: str) -> Path:
+        return self.root / toolchain[:16] / _path_safe(arch) / INDEX_DIR / f"{target_key}.json"
+
+    def get_indexed(self, toolchain: str, arch: str, target_key: str, load: Callable[[Path], T]):
+        """(loaded value, index record) of the entry `index` recorded for `target_key`, without the
+        source; None on a miss (no record, or its entry gone or corrupt: the caller then renders and
+        takes get_or_build). Never with the cache disabled or a forced recompile."""
+        if env.cache_disabled() or env.force_recompile():
+            return None
+        try:
+            record = json.loads(self.index_path(toolchain, arch, target_key).read_text())
+            digest, entry = record["digest"], self.root / record["entry"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if digest in self._memory:
+            self.stats.hits_memory += 1
+            return self._memory[digest], record
+        with self._key_lock(digest):
+            if digest not in self._memory:
+                found = self._try_load(entry, digest, load)
+                if found is _MISS:
+                    return None
+                self._memory[digest] = found
+            return self._memory[digest], record
+
+    def index(self, target_key: str, key: CacheKey, **extra) -> None:
+        """Record that `target_key` (what determines the rendered source, toolchain aside) renders
+        to the source of `key`, so that a later process loads its entry without rendering."""
+        if env.cache_disabled():
+            return
+        path = self.index_path(key.toolchain, key.arch, target_key)
+        record = {"digest": key.digest, "entry": self.entry_dir(key).relative_to(self.root).as_posix(), **extra}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomically(path, json.dumps(record, sort_keys=True).encode())
+        except OSError as exc:  # a read-only cache still serves: the next load renders again
+            _log.debug("fa_gen cache: index %s not written: %s", path, exc)
+
     def _key_lock(self, digest: str) -> threading.Lock:
         with self._key_locks_guard:
             return self._key_locks.setdefault(digest, threading.Lock())
@@ -239,13 +286,13 @@ class KernelCache:
         entry = self.entry_dir(key)
         force = env.force_recompile()
         if not force:
-            found = self._try_load(entry, key, load)  # lock-free fast path
+            found = self._try_load(entry, key.digest, load)  # lock-free fast path
             if found is not _MISS:
                 return found
         entry.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(entry) + ".lock"):
             if not force:
-                found = self._try_load(entry, key, load)  # double check under the lock
+                found = self._try_load(entry, key.digest, load)  # double check under the lock
                 if found is not _MISS:
                     return found
                 if entry.exists():
@@ -254,12 +301,12 @@ class KernelCache:
             self._build_entry(entry, key, source, build)
             return self._timed_load(entry, load)
 
-    def _try_load(self, entry: Path, key: CacheKey, load):
+    def _try_load(self, entry: Path, digest: str, load):
         """The loaded entry, or `_MISS` when absent or corrupt (never deletes anything)."""
         if not (entry / META_NAME).exists():
             return _MISS
         try:
-            read_meta(entry, key.digest)
+            read_meta(entry, digest)
             value = self._timed_load(entry, load)
         except Exception as exc:  # CorruptEntry, or the loader rejecting the object
             _log.debug("fa_gen cache: %s unusable: %s", entry, exc)

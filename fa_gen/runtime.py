@@ -19,9 +19,9 @@ import torch
 from . import archs, env, fp8
 from .backends import get_backend
 from .cache import CacheKey, default_cache
+from .toolchain import canonical_json, fingerprint_hash, sha256_text
 from .errors import InputError, UnsupportedError
 from .plan import CallPlan, make_plan, memoised_plan
-from .render import render_target
 from .spec import DType, Spec
 from .spec_load import load_spec
 from .target import Target, resolve_target
@@ -312,19 +312,33 @@ def load_target(target: Target):
         raise UnsupportedError(f"spec {spec.name!r} on {arch}",
                                [f"the spec targets {', '.join(spec.archs)}; add {arch} to its archs"])
     backend = get_backend(family.backend)
+    fields = {"spec": spec.canonical_json(), "family": family.name, "backend": family.backend,
+              "options": backend.compile_options(arch)}
+    cache = default_cache()
+    start = time.perf_counter()
+    # Warm start: the entry this target rendered to before (same toolchain fingerprint, so the
+    # same sources and templates), loaded without rendering.
+    toolchain = fingerprint_hash()
+    target_key = sha256_text(canonical_json({"kind": kind, "arch": arch, **fields}))
+    indexed = None if env.dump_dir() else cache.get_indexed(toolchain, arch, target_key, backend.load_object)
+    if indexed is not None:
+        function, record = indexed
+        return function, BuildInfo(arch=arch, family=family.name, entry_dir=cache.root / record["entry"],
+                                   source_filename=record["filename"], seconds=time.perf_counter() - start,
+                                   compiled=False, target=target)
+    from .render import render_target  # Jinja: only where a source must be rendered
+
     rendered = render_target(target)
     _dump_source(spec, rendered)
     key = CacheKey.for_source(uri=f"{spec.name}_{kind}", arch=arch, kind=kind, source=rendered.text,
-                              fields={"spec": spec.canonical_json(), "family": family.name,
-                                      "backend": family.backend, "options": backend.compile_options(arch)})
-    cache = default_cache()
-    start = time.perf_counter()
+                              fields=fields, toolchain=toolchain)
     builds_before = cache.stats.builds
     function = cache.get_or_build(
         key, rendered.text,
         build=lambda source, path: backend.compile_to_object(source, arch, path, label=f"{spec.name} {kind}"),
         load=backend.load_object,
     )
+    cache.index(target_key, key, filename=rendered.filename)
     info = BuildInfo(arch=arch, family=family.name, entry_dir=cache.stats.last_entry,
                      source_filename=rendered.filename, seconds=time.perf_counter() - start,
                      compiled=cache.stats.builds > builds_before, target=target)

@@ -355,3 +355,59 @@ def test_real_cute_kernel_compiles_once_and_loads_in_another_process(tmp_path):
     print(f"\ncute toy kernel: cold compile {cold['build_seconds']:.3f} s "
           f"(+ load {cold['load_seconds']:.3f} s, process {cold_wall:.2f} s); "
           f"warm load {warm['load_seconds']:.3f} s (process {warm_wall:.2f} s)")
+
+
+# --- the by-target index: a warm process loads without rendering ---------------------------------
+
+TARGET_KEY = "cd" * 32
+
+
+def test_index_maps_a_target_to_its_entry_for_a_new_process(tmp_path):
+    key, entry = fill(tmp_path)
+    KernelCache(tmp_path).index(TARGET_KEY, key, filename="forward.py")
+    record = json.loads(KernelCache(tmp_path).index_path(TOOLCHAIN, "sm_90a", TARGET_KEY).read_text())
+    assert record == {"digest": key.digest, "entry": entry.relative_to(tmp_path).as_posix(), "filename": "forward.py"}
+    cache, builder = KernelCache(tmp_path), Builder()    # a new process: nothing in memory
+    value, found = cache.get_indexed(TOOLCHAIN, "sm_90a", TARGET_KEY, builder.load)
+    assert (value, found["filename"], builder.builds, cache.stats.hits_disk) == (SOURCE, "forward.py", 0, 1)
+    # Another toolchain (sources or templates changed) or another target: no record.
+    assert cache.get_indexed("ef" * 32, "sm_90a", TARGET_KEY, builder.load) is None
+    assert cache.get_indexed(TOOLCHAIN, "sm_90a", "00" * 32, builder.load) is None
+
+
+@pytest.mark.parametrize("damage", ["no entry", "corrupt object", "bad record"])
+def test_an_index_record_whose_entry_is_unusable_is_a_miss(tmp_path, damage):
+    key, entry = fill(tmp_path)
+    cache = KernelCache(tmp_path)
+    cache.index(TARGET_KEY, key, filename="forward.py")
+    if damage == "no entry":
+        shutil.rmtree(entry)
+    elif damage == "corrupt object":
+        (entry / OBJECT_NAME).write_text("OBJ: something else\n")
+    else:
+        cache.index_path(TOOLCHAIN, "sm_90a", TARGET_KEY).write_text("{not json")
+    assert KernelCache(tmp_path).get_indexed(TOOLCHAIN, "sm_90a", TARGET_KEY, Builder().load) is None
+
+
+def test_index_is_skipped_with_the_cache_disabled_or_a_forced_recompile(tmp_path, monkeypatch):
+    key, _ = fill(tmp_path)
+    KernelCache(tmp_path).index(TARGET_KEY, key, filename="forward.py")
+    for name in (env.DISABLE_CACHE, env.FORCE_RECOMPILE):
+        monkeypatch.setenv(name, "1")
+        assert KernelCache(tmp_path).get_indexed(TOOLCHAIN, "sm_90a", TARGET_KEY, Builder().load) is None
+        monkeypatch.delenv(name)
+
+
+def test_a_warm_load_target_neither_renders_nor_imports_jinja(tmp_path):
+    """Through the runtime, in fresh processes sharing a cache root: the first compiles (and
+    records the target), the second loads the entry without rendering (jinja2 never imported)."""
+    code = ("import sys, json; from fa_gen.runtime import load_kernel_function, resolve_spec; "
+            "f, info = load_kernel_function(resolve_spec('causal_fp16_d64'), 'sm_80'); "
+            "print(json.dumps({'compiled': info.compiled, 'jinja2': 'jinja2' in sys.modules, "
+            "'file': info.source_filename, 'entry': str(info.entry_dir)}))")
+    environ = {**os.environ, env.CACHE_DIR: str(tmp_path), "CUTE_DSL_ARCH": "sm_80"}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
+                                      check=True, cwd=REPO).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    assert runs[0]["compiled"] and runs[0]["jinja2"]
+    assert not runs[1]["compiled"] and not runs[1]["jinja2"]
+    assert runs[1]["file"] == runs[0]["file"] == "forward.py" and runs[1]["entry"] == runs[0]["entry"]
