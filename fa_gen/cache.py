@@ -83,7 +83,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, TypeVar
 
-from filelock import FileLock
 
 from . import env
 from .toolchain import canonical_json, fingerprint_hash, sha256_text
@@ -290,6 +289,8 @@ class KernelCache:
             if found is not _MISS:
                 return found
         entry.parent.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock  # only a miss takes it: a warm load never imports it
+
         with FileLock(str(entry) + ".lock"):
             if not force:
                 found = self._try_load(entry, key.digest, load)  # double check under the lock
