@@ -324,7 +324,8 @@ def load_target(target: Target):
     if indexed is not None:
         function, record = indexed
         return function, BuildInfo(arch=arch, family=family.name, entry_dir=cache.root / record["entry"],
-                                   source_filename=record["filename"], seconds=time.perf_counter() - start,
+                                   source_filename=record.get("filename") or target.files[1],
+                                   seconds=time.perf_counter() - start,
                                    compiled=False, target=target)
     from .render import render_target  # Jinja: only where a source must be rendered
 
