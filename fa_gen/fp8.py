@@ -180,8 +180,9 @@ def quantize(x: torch.Tensor, heads_kv: int | None = None) -> tuple[torch.Tensor
     return x8, descale
 
 
+@functools.lru_cache(maxsize=16)
 def rotation(head_dim: int, seed: int = 0, device=None) -> torch.Tensor:
-    """An orthogonal (head_dim, head_dim) float32 matrix R = diag(signs) H for incoherent
+    """(Made once per (head_dim, seed, device) and shared: read only.) An orthogonal (head_dim, head_dim) float32 matrix R = diag(signs) H for incoherent
     processing (FlashAttention-3, section 3.3): H the normalised Walsh-Hadamard matrix, block
     diagonal with blocks of the largest power of two dividing head_dim (64 at 192, 32 at 96), and
     the signs random +-1 from `seed`. (q R)(k R)^T = q k^T: the scores are unchanged, while a few
