@@ -17,6 +17,8 @@ import json
 import os
 import sys
 
+# Tiles are patched in, which the cache's by-target index cannot see: a dump directory turns it off.
+os.environ.setdefault("FA_GEN_DUMP_DIR", "/tmp/fa_gen_sweep_sources")
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))

@@ -1,13 +1,18 @@
 """Ad hoc: fa_gen split-KV decode GB/s per cell under tile and split choices (beside a D2D copy)."""
 import json, os, sys, time
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
+# Tiles are patched in, which the cache's by-target index cannot see: a dump directory turns it off.
+os.environ.setdefault("FA_GEN_DUMP_DIR", "/tmp/decode_sweep_sources")
 import torch
 import bench_decode as bd
 import fa_gen.families.sm80 as sm80
 import fa_gen.inference as inf
 from fa_gen.runtime import resolve_spec
 
-TILES = {"64x128": (64, 128, 4, 2), "64x64": (64, 64, 4, 2)}
+# TILES="64,64,4,2;64,64,4,3" (tile_m, tile_n, warps, stages); SPLITS="0,1,4,16" (0: the heuristic's)
+TILES = {f"{t[0]}x{t[1]}s{t[3]}": t for t in (tuple(map(int, x.split(","))) for x in
+         os.environ.get("TILES", "64,128,4,2;64,64,4,2").split(";"))}
+SPLITS = [int(x) or None for x in os.environ.get("SPLITS", "0,1,4,16").split(",")]
 CELLS = [c for c in bd.DECODE_CELLS if not os.environ.get("CELLS") or c.name in os.environ["CELLS"].split(",")]
 
 
@@ -59,8 +64,8 @@ def main():
         ref, _ = attention_reference(q[:1], k[:1], v[:1], spec, torch.float32)
         for tname in TILES:
             _patch(tname)
-            for pack in (None, False):
-                for splits in (None, 1, 4, 16):
+            for pack in ((None,) if os.environ.get("PACKED_ONLY") else (None, False)):
+                for splits in SPLITS:
                     row = dict(cell=cell.name, tile=tname, pack=pack, splits=splits)
                     try:
                         fn = lambda: inf.forward_split(spec, q, k, v, num_splits=splits, pack_gqa=pack)

@@ -403,6 +403,7 @@ def main() -> int:
         print("\n".join(CASES))
         return 0
     if args.tools:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         ready = []
         for name in cases:  # compile (and check) outside the sanitizer first
             try:
