@@ -136,3 +136,23 @@ def test_append_takes_the_torch_path_where_the_kernel_cannot_go():
     cache = torch.randn(2, 8, 2, 64, dtype=torch.bfloat16)
     assert not _kernel_ready(cache)  # on the CPU
     assert not _kernel_ready(torch.randn(2, 8, 2, 64))  # fp32
+
+
+def test_uniform_offsets_are_made_once_per_shape(monkeypatch):
+    """The cu_seqlens of a decode step's uniform lengths are built once per (batch, length, device)
+    and kept (no kernel per call); the cache stays bounded; under capture they are made afresh."""
+    from fa_gen.api import kvcache
+
+    monkeypatch.setattr(kvcache, "_OFFSETS", {})
+    first = kvcache.uniform_offsets(3, 5, torch.device("cpu"))
+    assert first.dtype == torch.int32 and first.tolist() == [0, 5, 10, 15]
+    assert kvcache.uniform_offsets(3, 5, torch.device("cpu")) is first
+    assert kvcache.uniform_offsets(3, 0, torch.device("cpu")).tolist() == [0, 0, 0, 0]
+    assert kvcache.uniform_offsets(2, 5, torch.device("cpu")).tolist() == [0, 5, 10]
+    for n in range(kvcache._OFFSETS_KEPT + 5):
+        kvcache.uniform_offsets(1, n, torch.device("cpu"))
+    assert len(kvcache._OFFSETS) == kvcache._OFFSETS_KEPT
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    fresh = kvcache.uniform_offsets(1, 1000, torch.device("cpu"))
+    assert fresh.tolist() == [0, 1000] and (1, 1000, "cpu") not in kvcache._OFFSETS

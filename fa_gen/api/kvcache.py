@@ -85,8 +85,7 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
     if mla:
         return _attend_mla(spec, q, k_cache, seqused, page_table, num_splits)
     # [0, seqlen_q, 2 seqlen_q, ...]: one launch (host time is what a decode step has least of).
-    cu_q = (torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32, device=q.device) if seqlen_q
-            else torch.zeros(batch + 1, dtype=torch.int32, device=q.device))
+    cu_q = uniform_offsets(batch, seqlen_q, q.device)
     packed_q = q.reshape(batch * seqlen_q, heads_q, q.shape[-1])
     if page_table is not None:
         out, lse = forward_paged(spec, packed_q, k_cache, v_cache, page_table, cu_q, seqused, seqlen_q,
@@ -105,13 +104,41 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     sequence's length: a cache's unused slots may hold anything, NaN included."""
     batch_cache, seqlen_cache, heads_kv, _ = k_cache.shape
     batch = cu_q.shape[0] - 1
-    rows = (cache_batch_idx.to(torch.int32) if cache_batch_idx is not None
-            else torch.arange(batch, dtype=torch.int32, device=packed_q.device))
-    cu_k = torch.cat([rows * seqlen_cache, rows.new_zeros(1)])
+    if cache_batch_idx is None:  # row b at b * seqlen_cache: the offsets of uniform lengths
+        cu_k = uniform_offsets(batch, seqlen_cache, packed_q.device)
+    else:
+        rows = cache_batch_idx.to(torch.int32)
+        cu_k = torch.cat([rows * seqlen_cache, rows.new_zeros(1)])
     k = k_cache.view(batch_cache * seqlen_cache, heads_kv, k_cache.shape[-1])
     v = v_cache.view(batch_cache * seqlen_cache, heads_kv, v_cache.shape[-1])
     return forward_varlen(spec, packed_q, k, v, cu_q, cu_k, seqlen_q, seqlen_cache, seqused, num_splits or None,
                           inputs, pack_gqa=pack_gqa)
+
+
+def uniform_offsets(batch: int, length: int, device: torch.device) -> torch.Tensor:
+    """int32 (batch + 1,) offsets 0, length, 2 * length, ... on `device`: the cu_seqlens of a batch
+    whose sequences all have `length` rows. Made once per (batch, length, device) and kept, so a
+    decode step launches no kernel to build them (a tiny kernel costs a few percent of a 0.15 ms
+    decode); made afresh while a CUDA graph is being captured (memory from the graph's pool must
+    not outlive it in a cache). Callers only read it."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return _offsets(batch, length, device)
+    key = (batch, length, str(device))
+    found = _OFFSETS.get(key)
+    if found is None:
+        if len(_OFFSETS) >= _OFFSETS_KEPT:
+            _OFFSETS.pop(next(iter(_OFFSETS)))
+        found = _OFFSETS[key] = _offsets(batch, length, device)
+    return found
+
+
+def _offsets(batch: int, length: int, device) -> torch.Tensor:
+    return torch.arange(batch + 1, dtype=torch.int32, device=device) * length
+
+
+# uniform_offsets' tensors by (batch, length, device), oldest first; a serving loop meets a few shapes.
+_OFFSETS: dict[tuple, torch.Tensor] = {}
+_OFFSETS_KEPT = 64
 
 
 def _check_mla(spec, k_cache, v_cache, k_new, v_new, cache_batch_idx) -> None:
