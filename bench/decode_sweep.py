@@ -71,6 +71,11 @@ def main():
                         fn = lambda: inf.forward_split(spec, q, k, v, num_splits=splits, pack_gqa=pack)
                         out, lse = fn()
                         row["err"] = (out[:1].float() - ref).abs().max().item()
+                        # The same bar as bench_decode's check: a wrong kernel's speed means nothing.
+                        row["ok"] = row["err"] <= 0.02
+                        reasons = sm80._tile_reasons(sm80.TileConfig(*TILES[tname]), spec, inf.current_arch())
+                        if reasons:
+                            row["refused_by_family"] = "; ".join(reasons)
                         row["ms"] = timer.median_ms(fn)
                         row["gbps"] = round(bd.gbps(cell.kv_bytes, row["ms"]))
                         saved = inf._combine

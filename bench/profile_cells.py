@@ -69,7 +69,7 @@ def run_cell(text: str, impl: str, launches: int) -> None:
         last = i == launches - 1
         if last:
             torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push(f"{text}/{impl}")
+            torch.cuda.nvtx.range_push(range_name(text, impl))
         if case.backward:
             torch.autograd.grad(out, (q, k, v), dout)
         elif last:  # the forward again inside the range
@@ -79,9 +79,14 @@ def run_cell(text: str, impl: str, launches: int) -> None:
             torch.cuda.nvtx.range_pop()
 
 
+def range_name(cell: str, impl: str) -> str:
+    """The NVTX range of a profiled launch: no '/' (ncu's include syntax nests ranges on it) or ':'."""
+    return f"{cell.replace(':', '_')}_{impl}"
+
+
 def profile(cell: str, impl: str, out: Path) -> None:
     name = f"{cell}-{impl}".replace(":", "_")
-    base = ["ncu", "--nvtx", "--nvtx-include", f"{cell}/{impl}/", "--csv", "--page", "details",
+    base = ["ncu", "--nvtx", "--nvtx-include", f"{range_name(cell, impl)}/", "--csv", "--page", "details",
             *[f"--section={s}" for s in SECTIONS]]
     script = [sys.executable, __file__, "--run", cell, impl]
     result = subprocess.run([*base, "--metrics", ",".join(METRICS), *script], capture_output=True, text=True)

@@ -226,12 +226,26 @@ def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     batch, heads_q = cu_seqlens_q.shape[0] - 1, q.shape[1]
     if q.shape[0] == 0 or batch == 0:
         return out, lse.fill_(-math.inf)
-    kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split_paged", group))
+    kern = inference_kernel(spec, arch, paged_kind(spec, arch, k_cache.shape[1], group))
     # cu_seqlens_k is not read (use_seqused_k is set): cu_seqlens_q stands in for it.
     sequences = (cu_seqlens_q, cu_seqlens_q, seqused_k, 1, max(int(max_seqlen_q), 1), page_table)
     capacity = page_table.shape[1] * k_cache.shape[1]
     splits = num_splits or _varlen_splits(kern, max_seqlen_q, capacity, heads_q, batch, group, q.device)
     return _run_split(kern, (q, k_cache, v_cache), out, lse, sequences, splits, extra)
+
+
+@functools.lru_cache(maxsize=1024)
+def paged_kind(spec: Spec, arch: str, page_size: int, group: int) -> str:
+    """The paged split kind for this page size (a shape, so no host sync): whole tiles where the
+    page size is a multiple of the key tile (one table entry a tile), else a page per copy row.
+    Resolved, not compiled: only the kind chosen is built. Cached: it runs on every call."""
+    rows = packed_kind("forward_varlen_split_paged", group)
+    tiles = packed_kind("forward_varlen_split_paged_tiles", group)
+    try:
+        target = resolve_target(spec, arch, tiles)
+    except UnsupportedError:
+        return rows
+    return tiles if page_size % target.context()["tile"]["tile_n"] == 0 else rows
 
 
 def _varlen_call(spec: Spec, q: torch.Tensor, heads_kv: int, kind: str, max_seqlen_q: int, pack_gqa, inputs, arch):

@@ -125,7 +125,10 @@ def test_input_errors_before_any_device_work():
                                        # Paged K/V (templates/common/kv_source.j2).
                                        ("causal_bf16_d128", "forward_varlen_split_paged"),
                                        ("softcap", "forward_varlen_split_paged_pack8"),
-                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged")])
+                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged"),
+                                       # Whole-tile pages (one table entry a key tile).
+                                       ("causal_bf16_d128", "forward_varlen_split_paged_tiles_pack4"),
+                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged_tiles")])
 def test_inference_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
     from fa_gen.backends.cute_dsl import compile_to_object
 

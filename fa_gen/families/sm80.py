@@ -25,6 +25,9 @@ class CallKind(NamedTuple):
     split: bool          # keys split across CTAs, partials merged by LSE (common/splitkv.j2)
     pack: int            # query heads of one KV head on one tile's rows (1: none)
     paged: bool = False  # K/V in pages through a page table (common/kv_source.j2)
+    # Paged, for page sizes that are multiples of the key tile (a tile is one page's slots: one
+    # table entry a tile); the host picks it from the caches' shape (fa_gen.inference.forward_paged).
+    paged_tiles: bool = False
 
 
 # Forward kinds for inference calls. A packed kind puts PACK query heads of one KV head on the
@@ -34,9 +37,12 @@ GQA_PACKS = (2, 4, 8, 16, 32, 64)
 INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": CallKind(False, True, 1),
                    "forward_varlen_split": CallKind(True, True, 1),
                    "forward_varlen_split_paged": CallKind(True, True, 1, True),
+                   "forward_varlen_split_paged_tiles": CallKind(True, True, 1, True, True),
                    **{f"forward_split_pack{g}": CallKind(False, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_pack{g}": CallKind(True, True, g) for g in GQA_PACKS},
-                   **{f"forward_varlen_split_paged_pack{g}": CallKind(True, True, g, True) for g in GQA_PACKS}}
+                   **{f"forward_varlen_split_paged_pack{g}": CallKind(True, True, g, True) for g in GQA_PACKS},
+                   **{f"forward_varlen_split_paged_tiles_pack{g}": CallKind(True, True, g, True, True)
+                      for g in GQA_PACKS}}
 
 # Attention dropout (templates/common/dropout.j2): the fixed-length and varlen forwards and
 # backwards with the Philox mask, rendered on demand (p, seed and offset are runtime values).
@@ -245,6 +251,7 @@ class Sm80Family(Family):
             "split": False,
             "pack": 1,
             "paged": False,
+            "paged_tiles": False,
         }
 
 
@@ -296,7 +303,13 @@ def _causal_like(spec: Spec) -> bool:
 
 def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
     """What the template relies on (see warp_tiles.tile_reasons); empty when `cfg` is usable."""
-    return tile_reasons(cfg, spec, arch, _MAX_ACCUMULATORS)
+    reasons = tile_reasons(cfg, spec, arch, _MAX_ACCUMULATORS)
+    if cfg.num_stages != 2:
+        # The main loop ping-pongs K and V between two stages (a tile loads into 1 - stage). H200,
+        # split decode with the tiles patched in (bench/decode_sweep.py): 3 stages gave wrong
+        # outputs (max error 0.07-0.18), 4 an illegal instruction.
+        reasons.append(f"num_stages {cfg.num_stages}: the forward's main loop takes 2 K/V stages")
+    return reasons
 
 
 # ---------------------------------------------------------------------------------------------
