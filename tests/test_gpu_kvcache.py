@@ -38,7 +38,7 @@ SPECS = [
     resolve_spec("sink_logit"),  # a sink logit (split 0's partial only)
 ]
 GROUPS = (1, 2, 4, 8)
-PAGE_SIZES = (1, 16, 48, 64, 256)
+PAGE_SIZES = (1, 16, 32, 48, 64, 256)
 
 
 def _kinds(spec):
@@ -47,7 +47,8 @@ def _kinds(spec):
 
     # Contiguous caches take the varlen split kinds too (fa_gen.api.kvcache._attend_contiguous).
     groups = GROUPS if gqa_packable(spec) else (1,)
-    bases = ("forward_varlen_split_paged", "forward_varlen_split_paged_tiles", "forward_varlen_split")
+    bases = ("forward_varlen_split_paged", "forward_varlen_split_paged_tiles", "forward_varlen_split_paged_pages",
+             "forward_varlen_split")
     return [packed_kind(base, g) for base in bases for g in groups]
 
 

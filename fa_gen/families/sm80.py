@@ -25,9 +25,11 @@ class CallKind(NamedTuple):
     split: bool          # keys split across CTAs, partials merged by LSE (common/splitkv.j2)
     pack: int            # query heads of one KV head on one tile's rows (1: none)
     paged: bool = False  # K/V in pages through a page table (common/kv_source.j2)
-    # Paged, for page sizes that are multiples of the key tile (a tile is one page's slots: one
-    # table entry a tile); the host picks it from the caches' shape (fa_gen.inference.forward_paged).
-    paged_tiles: bool = False
+    # How a paged kind finds its rows (templates/common/kv_source.j2), picked by the host from the
+    # caches' page size (fa_gen.inference.paged_kind): "tile" where it is a multiple of the key tile
+    # (one table entry a tile), "page" where it divides it (a tile is whole pages: one entry a copy
+    # row, no division), "row" for any other (a page and slot found per copy row).
+    page_lookup: str = "row"
 
 
 # Forward kinds for inference calls. A packed kind puts PACK query heads of one KV head on the
@@ -37,12 +39,13 @@ GQA_PACKS = (2, 4, 8, 16, 32, 64)
 INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": CallKind(False, True, 1),
                    "forward_varlen_split": CallKind(True, True, 1),
                    "forward_varlen_split_paged": CallKind(True, True, 1, True),
-                   "forward_varlen_split_paged_tiles": CallKind(True, True, 1, True, True),
+                   "forward_varlen_split_paged_tiles": CallKind(True, True, 1, True, "tile"),
+                   "forward_varlen_split_paged_pages": CallKind(True, True, 1, True, "page"),
                    **{f"forward_split_pack{g}": CallKind(False, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_pack{g}": CallKind(True, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_paged_pack{g}": CallKind(True, True, g, True) for g in GQA_PACKS},
-                   **{f"forward_varlen_split_paged_tiles_pack{g}": CallKind(True, True, g, True, True)
-                      for g in GQA_PACKS}}
+                   **{f"forward_varlen_split_paged_{lookup}s_pack{g}": CallKind(True, True, g, True, lookup)
+                      for g in GQA_PACKS for lookup in ("tile", "page")}}
 
 # Attention dropout (templates/common/dropout.j2): the fixed-length and varlen forwards and
 # backwards with the Philox mask, rendered on demand (p, seed and offset are runtime values).
@@ -251,7 +254,7 @@ class Sm80Family(Family):
             "split": False,
             "pack": 1,
             "paged": False,
-            "paged_tiles": False,
+            "page_lookup": "row",
         }
 
 
