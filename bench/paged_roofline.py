@@ -8,7 +8,8 @@ K/V): once with the pages in table order (page i of the table is page i in memor
 contiguous case) and once through a shuffled table (the paged decode cells' layout,
 bench/bench_paged.py). Same kernel, same bytes: the ratio is what the scattering alone costs
 (DRAM locality, TLB reach), the most a paged decode kernel can keep of its contiguous speed at
-that page size. GB/s = bytes read / time.
+that page size. GB/s = bytes read / time. The `_per_head` columns read as an attention CTA
+does: one KV head's slice of each page (rows 8 * 128 elements apart), 1024 rows a program.
 """
 
 from __future__ import annotations
@@ -42,6 +43,30 @@ def _read_pages(cache, table, out, PAGE: tl.constexpr, PAGES_PER_PROGRAM: tl.con
     tl.store(out + program, tl.sum(total, axis=0))
 
 
+@triton.jit
+def _read_head_slices(cache, table, out, PAGE_SIZE: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+                      HEADS: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
+    """As an attention CTA reads a KV head: program (p, h) walks PAGES_PER_PROGRAM consecutive
+    table entries and reads head h's (page_size, D) slice of each page (rows HEADS * D apart)."""
+    program, head = tl.program_id(0), tl.program_id(1)
+    total = tl.zeros((ROWS, D), dtype=tl.float32)
+    offsets = tl.arange(0, ROWS)[:, None] * (HEADS * D) + tl.arange(0, D)[None, :]
+    for i in range(PAGES_PER_PROGRAM):
+        page = tl.load(table + program * PAGES_PER_PROGRAM + i).to(tl.int64)
+        base = cache + page * (PAGE_SIZE * HEADS * D) + head * D
+        for row in range(0, PAGE_SIZE, ROWS):
+            total += tl.load(base + row * (HEADS * D) + offsets).to(tl.float32)
+    tl.store(out + program * HEADS + head, tl.sum(tl.sum(total, axis=1), axis=0))
+
+
+def read_head_slices(cache: torch.Tensor, table: torch.Tensor, out: torch.Tensor) -> None:
+    """Each program reads 1024 rows of one head (256 KB of a d-128 bf16 head), as a split does."""
+    page_size, heads, d = cache.shape[1:]
+    per_program = max(1, 1024 // page_size)
+    _read_head_slices[(table.numel() // per_program, heads)](cache, table, out, page_size, per_program, heads, d,
+                                                             min(page_size, 32))
+
+
 def read_pages(cache: torch.Tensor, table: torch.Tensor, out: torch.Tensor, per_program: int) -> None:
     page = cache[0].numel()
     _read_pages[(table.numel() // per_program,)](cache, table, out, page, per_program, min(page, 4096))
@@ -60,7 +85,7 @@ def main() -> int:
         per_program = max(1, 16 // page_size)
         num_pages = int(args.gib * 2**30) // (page_size * ROW * 2) // per_program * per_program
         cache = torch.randn(num_pages, page_size, 8, 128, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(num_pages // per_program, device="cuda")
+        out = torch.empty(num_pages * 8, device="cuda")
         g = torch.Generator(device="cuda").manual_seed(0)
         orders = {"in_order": torch.arange(num_pages, device="cuda"),
                   "shuffled": torch.randperm(num_pages, generator=g, device="cuda")}
@@ -68,7 +93,10 @@ def main() -> int:
         for name, order in orders.items():
             ms = timer.median_ms(lambda c=cache, o=order, t=out: read_pages(c, o, t, per_program))
             result[name] = round(cache.numel() * 2 / ms / 1e6)
+            ms = timer.median_ms(lambda c=cache, o=order, t=out: read_head_slices(c, o, t))
+            result[f"{name}_per_head"] = round(cache.numel() * 2 / ms / 1e6)
         result["shuffled_over_in_order"] = round(result["shuffled"] / result["in_order"], 3)
+        result["per_head_shuffled_over_in_order"] = round(result["shuffled_per_head"] / result["in_order_per_head"], 3)
         rows.append(result)
         print(json.dumps(result), flush=True)
         cache = out = orders = None
