@@ -55,6 +55,9 @@ class TileConfig:
     # head by head, as the varlen scheduler goes). An experiment: H100, 8 x 2048, h16, d128,
     # causal: 350 TFLOP/s for 1, 549 for the varlen kernel's order (bench/varlen_sweep.py).
     persist_l2_groups: int = 1
+    # With persist_l2_groups 2: the persistent causal grid's L2 groups hold this many MB of K/V
+    # (0: l2_kv_mb, the groups of the other grids).
+    persist_l2_mb: int = 0
 
     @property
     def pingpong_on(self) -> bool:
@@ -159,10 +162,23 @@ def padded_dims(spec: Spec) -> tuple[int, int]:
     return padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)
 
 
+# Causal-like masks at d128: the persistent grid walks L2 groups of 4 MB of K/V (a few heads,
+# every query tile of each) instead of one longest-first list over every head. H200, bf16,
+# TFLOP/s default -> 4 MB groups (measured as persist_l2_groups 2 with l2_kv_mb 4, which also
+# sized the groups of the longer, one-CTA-per-tile grid: 16k 623 -> 614; persist_l2_mb keeps those
+# at 32 MB), same run (bench/ab_tuning.py, logs 2026-11-26-c0666eb-s10pq):
+# 512 247 -> 279, 1k 347 -> 406 and 334 -> 368, 2k 439 -> 490, 4k 570 -> 601, 8k 631 -> 630.
+# Not taken: d256 causal (8k 691 -> 462), d64 causal (512-2k 3-5% slower), non-causal d128 with
+# 4 MB groups (+4-8% at <= 1k, -6% at 2-4k).
+_CAUSAL_L2_GROUPS = {(128, 128): {"persist_l2_groups": 2, "persist_l2_mb": 4}}
+
+
 def tile_config(spec: Spec) -> TileConfig:
     dims = padded_dims(spec)
     table = _FP8_TILES if spec.is_fp8 else _DEFAULT_TILES
     default = table.get(dims) or _unmeasured_tile(table, *dims)
+    if _longest_first(spec) and not spec.is_fp8 and dims in _CAUSAL_L2_GROUPS:
+        default = replace(default, **_CAUSAL_L2_GROUPS[dims])
     return replace(default, **spec.tuning_for(Sm90Family.name))
 
 
@@ -235,7 +251,7 @@ class Sm90Family(Family):
         return [(self.archs, "L1 (float64 reference, hypothesis) on H100 and H200")]
     backend = "cute_dsl"
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks",
-                     "persist_l2_groups")
+                     "persist_l2_groups", "persist_l2_mb")
     # The backward kernel (fa_gen/families/sm90_backward.py); head dims it does not fit drop out
     # of kernel_files, and their backward goes to the next family (fa_gen.backward.backward_family).
     # The forward of short causal-like sequences (SHORT_KIND) is the same template with its own tiles.
@@ -375,6 +391,8 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         reasons.append(f"tuning: pingpong {cfg.pingpong} must be 1 (off) or 2 (on)")
     if cfg.persist_l2_groups not in (1, 2):
         reasons.append(f"tuning: persist_l2_groups {cfg.persist_l2_groups} must be 1 (off) or 2 (on)")
+    if cfg.persist_l2_mb < 0:
+        reasons.append(f"tuning: persist_l2_mb {cfg.persist_l2_mb} must be >= 0")
     if spec.is_fp8 and cfg.tile_n % FP8_KEY_BLOCK:
         reasons.append(f"tuning: tile_n {cfg.tile_n} must be a multiple of {FP8_KEY_BLOCK} with fp8 inputs")
     # Per consumer thread: S (fp32), P (16-bit, two per register; fp8, four) and O (fp32) of 64 rows / 128 threads.

@@ -267,7 +267,9 @@ class FlashAttentionForward:
                 # Tile costs fall with the rank: one global longest-first order balances the
                 # snake (a wave's CTAs then work on neighbouring ranks of all heads, in step, so
                 # they still read K/V close together).
-                group_heads = num_bh
+                # (persist_l2_groups 2 with persist_l2_mb: L2 groups of that many MB of K/V
+                # instead, a few heads with every query tile of each.)
+                group_heads = cutlass.max(cutlass.min(4194304 // kv_bytes_per_head, num_bh), 1)
             else:
                 # Long, uneven tiles: one CTA per tile, longest first within each L2 group, and
                 # the hardware hands each SM the next tile when it is free. (Statically, the
