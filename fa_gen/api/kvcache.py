@@ -84,7 +84,7 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
     seqused = lengths + seqlen_new if seqlen_new else lengths
     if mla:
         return _attend_mla(spec, q, k_cache, seqused, page_table, num_splits)
-    # [0, seqlen_q, 2 seqlen_q, ...]: one launch (host time is what a decode step has least of).
+    # [0, seqlen_q, 2 seqlen_q, ...], kept per shape: no launch per step.
     cu_q = uniform_offsets(batch, seqlen_q, q.device)
     packed_q = q.reshape(batch * seqlen_q, heads_q, q.shape[-1])
     if page_table is not None:

@@ -27,8 +27,9 @@ class CallKind(NamedTuple):
     paged: bool = False  # K/V in pages through a page table (common/kv_source.j2)
     # How a paged kind finds its rows (templates/common/kv_source.j2), picked by the host from the
     # caches' page size (fa_gen.inference.paged_kind): "tile" where it is a multiple of the key tile
-    # (one table entry a tile), "page" where it divides it (a tile is whole pages: one entry a copy
-    # row, no division), "row" for any other (a page and slot found per copy row).
+    # (one table entry a tile), "row" for any other (a page and slot found per copy row). H200,
+    # b1 sk128k p16: a third lookup for sizes dividing the tile (a copy row's page within a tile
+    # fixed, no division per row) ran no faster (146.9 against 147.0 us) and was dropped.
     page_lookup: str = "row"
 
 
@@ -40,12 +41,11 @@ INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": 
                    "forward_varlen_split": CallKind(True, True, 1),
                    "forward_varlen_split_paged": CallKind(True, True, 1, True),
                    "forward_varlen_split_paged_tiles": CallKind(True, True, 1, True, "tile"),
-                   "forward_varlen_split_paged_pages": CallKind(True, True, 1, True, "page"),
                    **{f"forward_split_pack{g}": CallKind(False, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_pack{g}": CallKind(True, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_paged_pack{g}": CallKind(True, True, g, True) for g in GQA_PACKS},
-                   **{f"forward_varlen_split_paged_{lookup}s_pack{g}": CallKind(True, True, g, True, lookup)
-                      for g in GQA_PACKS for lookup in ("tile", "page")}}
+                   **{f"forward_varlen_split_paged_tiles_pack{g}": CallKind(True, True, g, True, "tile")
+                      for g in GQA_PACKS}}
 
 # Attention dropout (templates/common/dropout.j2): the fixed-length and varlen forwards and
 # backwards with the Philox mask, rendered on demand (p, seed and offset are runtime values).
