@@ -17,8 +17,6 @@ import json
 import os
 import sys
 
-# Tiles are patched in, which the cache's by-target index cannot see: a dump directory turns it off.
-os.environ.setdefault("FA_GEN_DUMP_DIR", "/tmp/fa_gen_sweep_sources")
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -100,11 +98,17 @@ def fa_gen_sm90_patched(patch):
 
         undo = patch()
         backward_mod._BACKWARDS.clear()
+        # The patch changes renders that the cache's by-target index cannot see: a dump
+        # directory turns the index off while the patched kernel is built.
+        dump = os.environ.get("FA_GEN_DUMP_DIR")
+        os.environ["FA_GEN_DUMP_DIR"] = dump or "/tmp/fa_gen_patched_sources"
         try:
             return fa_gen_backward("sm90")(spec, q, k, v, dout)
         finally:
             undo()
             backward_mod._BACKWARDS.clear()
+            if dump is None:
+                del os.environ["FA_GEN_DUMP_DIR"]
     return make
 
 

@@ -1,8 +1,6 @@
 """Ad hoc: fa_gen split-KV decode GB/s per cell under tile and split choices (beside a D2D copy)."""
 import json, os, sys, time
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
-# Tiles are patched in, which the cache's by-target index cannot see: a dump directory turns it off.
-os.environ.setdefault("FA_GEN_DUMP_DIR", "/tmp/decode_sweep_sources")
 import torch
 import bench_decode as bd
 import fa_gen.families.sm80 as sm80
@@ -91,4 +89,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # Tiles are patched in, which the cache's by-target index cannot see: a dump directory turns it off.
+    os.environ.setdefault("FA_GEN_DUMP_DIR", "/tmp/fa_gen_sweep_sources")
     main()

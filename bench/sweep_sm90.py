@@ -21,8 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-# Tiles are patched in, which the cache's by-target index cannot see: a dump directory turns it off.
-os.environ.setdefault("FA_GEN_DUMP_DIR", "/tmp/fa_gen_sweep_sources")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -152,4 +150,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # Tiles are patched in, which the cache's by-target index cannot see: a dump directory turns it off.
+    os.environ.setdefault("FA_GEN_DUMP_DIR", "/tmp/fa_gen_sweep_sources")
     main()
