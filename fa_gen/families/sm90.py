@@ -170,8 +170,9 @@ def padded_dims(spec: Spec) -> tuple[int, int]:
 # 512 247 -> 279, 1k 347 -> 406 and 334 -> 368, 2k 439 -> 490, 4k 570 -> 601, 8k 631 -> 630.
 # At cc7f3e4, this default against persist_l2_groups 1 in one run (logs 2026-11-26-cc7f3e4-s10rs):
 # 1k 373/323, 2k 438/383, 4k 535/500, 8k 609/571, and 16k 641/610 where nothing differs (the
-# run's spread from measuring order: take the 4k-8k gains as within it). Not taken: d256 causal (8k 691 -> 462), d64 causal (512-2k 3-5% slower), non-causal d128 with
-# 4 MB groups (+4-8% at <= 1k, -6% at 2-4k).
+# run's spread from measuring order: take the 4k-8k gains as within it). Not taken: d256 causal
+# (8k 691 -> 462), d64 causal (512-2k 3-5% slower), non-causal d128 with 4 MB groups (+4-8% at
+# <= 1k, -6% at 2-4k).
 _CAUSAL_L2_GROUPS = {(128, 128): {"persist_l2_groups": 2, "persist_l2_mb": 4}}
 
 
