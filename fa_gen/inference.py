@@ -403,6 +403,10 @@ def _check_paged(spec: Spec, q, k_cache, v_cache, page_table, cu_q, used_k, max_
     if k_cache.shape[:2] != v_cache.shape[:2] or k_cache.shape[1] == 0:
         raise InputError(f"k_cache and v_cache must agree in pages and page size (>= 1); got {tuple(k_cache.shape)} "
                          f"and {tuple(v_cache.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if max(t.stride(0), t.stride(1)) >= 2**31:
+            raise InputError(f"{name}'s page and slot strides must each be below 2**31 elements (the kernel "
+                             f"multiplies them as 32-bit values); got {tuple(t.stride()[:2])}")
     _check_int32_vectors(cu_seqlens_q=cu_q, seqused_k=used_k)
     if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32 or page_table.dim() != 2 \
             or page_table.stride(-1) != 1:

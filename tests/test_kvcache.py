@@ -65,6 +65,10 @@ def test_paged_forward_checks():
         forward_paged(spec, q, cache, cache, table[:2], cu, used, 1)
     with pytest.raises(InputError, match="max_seqlen_q"):
         forward_paged(spec, q, cache, cache, table, cu, used, -1)
+    # A page stride past 32 bits (a meta tensor: no memory behind it).
+    huge = torch.empty_strided(cache.shape, (2**31, *cache.stride()[1:]), dtype=BF16, device="meta")
+    with pytest.raises(InputError, match="below 2\\*\\*31"):
+        forward_paged(spec, q, huge, cache, table, cu, used, 1)
     with pytest.raises(InputError, match="CUDA"):
         forward_paged(spec, q, cache, cache, table, cu, used, 1)
 
