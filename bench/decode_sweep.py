@@ -43,6 +43,15 @@ def precompile():
 
 def main():
     precompile()
+    try:
+        import fa_gen.combine  # noqa: F401
+        combine = "kernel"
+    except ImportError:
+        sys.path.insert(0, "bench")
+        from torch_combine import torch_combine
+        inf._combine = lambda: torch_combine
+        combine = "torch"
+    print("combine:", combine, flush=True)
     from fa_gen.reference import attention_reference
     timer = bd.Timer()
     copy = bd.copy_bandwidth(timer)
@@ -67,6 +76,11 @@ def main():
                             row["refused_by_family"] = "; ".join(reasons)
                         row["ms"] = timer.median_ms(fn)
                         row["gbps"] = round(bd.gbps(cell.kv_bytes, row["ms"]))
+                        saved = inf._combine
+                        inf._combine = lambda: (lambda *a: None)
+                        row["ms_no_combine"] = timer.median_ms(fn)
+                        row["gbps_no_combine"] = round(bd.gbps(cell.kv_bytes, row["ms_no_combine"]))
+                        inf._combine = saved
                     except Exception as e:
                         row["error"] = str(e)[:300]
                     results["cells"].append(row)

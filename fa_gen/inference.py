@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .combine import combine_splits
 from .errors import InputError, UnsupportedError
 from . import fp8
 from .plan import bind_arguments
@@ -147,10 +148,17 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
     if rows == 0:
         return out, lse
-    # One split writes out and lse itself; more write partials that the last split of each
-    # query tile merges (templates/common/splitkv.j2).
+    # One split writes out and lse itself; more write partials that the combine merges.
     o_partial, lse_partial = _partials(splits, rows, heads_q, spec.head_dim_v, q.device)
-    kern.function(q, k, v, out, lse, o_partial, lse_partial, _semaphores(tiles, q.device), splits, *extra)
+    kern.function(q, k, v, out, lse, o_partial, lse_partial, splits, *extra)
+    if splits == 1:
+        return out, lse
+    # lse (batch, heads, seqlen_q) is itself a (heads, rows) view when seqlen_q or batch is 1 (decode).
+    direct = seqlen_q == 1 or batch == 1
+    lse_rows = lse.permute(1, 0, 2).view(heads_q, rows) if direct else torch.empty((heads_q, rows), device=q.device)
+    _combine()(o_partial, lse_partial, out.view(rows, heads_q, spec.head_dim_v), lse_rows)
+    if not direct:
+        lse.copy_(lse_rows.view(heads_q, batch, seqlen_q).permute(1, 0, 2))
     return out, lse
 
 
@@ -177,7 +185,7 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             whole.function(q, k, v, out, lse, *sequences, *extra)
             return out, lse
     kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split", group))
-    return _run_split(kern, (q, k, v), out, lse, sequences, num_splits or _varlen_splits(kern, *shape), extra, group)
+    return _run_split(kern, (q, k, v), out, lse, sequences, num_splits or _varlen_splits(kern, *shape), extra)
 
 
 def forward_varlen_fp8(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -223,7 +231,7 @@ def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     sequences = (cu_seqlens_q, cu_seqlens_q, seqused_k, 1, max(int(max_seqlen_q), 1), page_table)
     capacity = page_table.shape[1] * k_cache.shape[1]
     splits = num_splits or _varlen_splits(kern, max_seqlen_q, capacity, heads_q, batch, group, q.device)
-    return _run_split(kern, (q, k_cache, v_cache), out, lse, sequences, splits, extra, group)
+    return _run_split(kern, (q, k_cache, v_cache), out, lse, sequences, splits, extra)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -251,28 +259,24 @@ def _varlen_call(spec: Spec, q: torch.Tensor, heads_kv: int, kind: str, max_seql
     return arch, group, extra, out, lse
 
 
-def _query_tiles(kern: InferenceKernel, max_seqlen_q: int, heads_q: int, batch: int, group: int) -> int:
-    """Query tiles of a split call's grid (of the longest sequence, for a varlen batch)."""
-    return -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
-
-
 def _varlen_splits(kern: InferenceKernel, max_seqlen_q: int, max_seqlen_k: int, heads_q: int, batch: int,
                    group: int, device) -> int:
     """Key splits of a varlen call's tiles, from the longest lengths and the GPU's SM count."""
-    tiles = _query_tiles(kern, max_seqlen_q, heads_q, batch, group)
+    tiles = -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
     # Whole waves of resident CTAs, not the saturating count: a CTA of the varlen and paged kinds
     # streams slower (H100, paged b1 sk128k p16, 16 splits 2.40 TB/s, 32 splits 2.69).
     return num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(device.index or 0), kern.ctas_per_sm)
 
 
 def _run_split(kern: InferenceKernel, qkv: tuple, out: torch.Tensor, lse: torch.Tensor, sequences: tuple,
-               splits: int, extra: list, group: int):
-    """Launch a varlen split kind into out (total_q, hq, d_v) / lse (hq, total_q); its splits'
-    partials are merged inside it (with one split it writes out and lse itself)."""
+               splits: int, extra: list):
+    """Launch a varlen split kind into out (total_q, hq, d_v) / lse (hq, total_q), then merge its
+    partials (none with one split: the kernel writes out and lse itself)."""
     total_q, heads_q, head_dim_v = out.shape
     o_partial, lse_partial = _partials(splits, total_q, heads_q, head_dim_v, out.device)
-    tiles = _query_tiles(kern, sequences[4], heads_q, sequences[0].shape[0] - 1, group)
-    kern.function(*qkv, out, lse, *sequences, o_partial, lse_partial, _semaphores(tiles, out.device), splits, *extra)
+    kern.function(*qkv, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
+    if splits > 1:
+        _combine()(o_partial, lse_partial, out, lse)
     return out, lse
 
 
@@ -308,22 +312,9 @@ def gqa_pack(spec: Spec, arch: str, kind: str, group: int, seqlen_q: int, wanted
     return group if wanted else 1
 
 
-# Arrival counters of split calls, per (device, stream): the kernels leave them at 0.
-_SEMAPHORES: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def _semaphores(count: int, device) -> torch.Tensor:
-    """`count` zeroed int32 arrival counters, one per query tile of a split call. The last split
-    of a tile sets its counter back to 0, so one buffer per (device, stream) serves every call on
-    that stream (calls on one stream never overlap) and grows as needed; under CUDA-graph capture
-    a fresh one, its zeroing part of the graph (a kept buffer could die with the graph's pool)."""
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(count, dtype=torch.int32, device=device)
-    key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream)
-    buffer = _SEMAPHORES.get(key)
-    if buffer is None or buffer.shape[0] < count:
-        buffer = _SEMAPHORES[key] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
-    return buffer
+def _combine():
+    """The combine of split partials (a seam: ad hoc checks swap in a torch stand-in)."""
+    return combine_splits
 
 
 def _partials(splits: int, rows: int, heads_q: int, head_dim_v: int, device):
