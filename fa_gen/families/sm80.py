@@ -270,21 +270,8 @@ def split_tile_config(spec: Spec, arch: str) -> TileConfig:
     CTAs per SM instead of one at d 128). Falls back to the forward's tiles when neither fits."""
     for cfg in (TileConfig(64, 64, 4, 2), TileConfig(64, 128, 4, 2)):
         if not _tile_reasons(cfg, spec, arch):
-            return _deeper(cfg, spec, arch)
+            return cfg
     return tile_config(spec, arch)
-
-
-def _deeper(cfg: TileConfig, spec: Spec, arch: str) -> TileConfig:
-    """`cfg` with a third K/V stage where shared memory keeps as many CTAs resident (sm_90:
-    two at d 128, 224 of its 227 KB; not on sm_80 or sm_86, where it would halve them): one
-    more tile of K and V in flight per CTA, which a memory-bound decode turns into bandwidth."""
-    deeper = replace(cfg, num_stages=3)
-    dqk, dv = padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)
-    smem = arch_info(arch).max_smem_per_block
-    if _tile_reasons(deeper, spec, arch, split=True) or \
-            deeper.blocks_per_sm(dqk, dv, smem, _SPLIT_REGS_PER_THREAD) < cfg.blocks_per_sm(dqk, dv, smem, _SPLIT_REGS_PER_THREAD):
-        return cfg
-    return deeper
 
 
 def _atom_cols(spec: Spec) -> int:
@@ -321,15 +308,15 @@ def _causal_like(spec: Spec) -> bool:
     return spec.window_left is None and spec.window_right is not None
 
 
-def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str, split: bool = False) -> list[str]:
-    """What the template relies on (see warp_tiles.tile_reasons); empty when `cfg` is usable.
-    `split`: the tiles of the split kinds, whose prologue also fills a third stage."""
+def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
+    """What the template relies on (see warp_tiles.tile_reasons); empty when `cfg` is usable."""
     reasons = tile_reasons(cfg, spec, arch, _MAX_ACCUMULATORS)
-    if cfg.num_stages != 2 and not (split and cfg.num_stages == 3):
-        # The main loop takes K and V a stage ahead (two stages; three in the split kinds,
-        # whose tiles follow one another without a tile list).
-        reasons.append(f"num_stages {cfg.num_stages}: the forward's main loop takes 2 K/V stages "
-                       "(3 in the split kinds)")
+    if cfg.num_stages != 2:
+        # The main loop ping-pongs K and V between two stages (a tile loads into 1 - stage).
+        # H200, split decode: a third stage (prologue and waits made for it, outputs right) read
+        # 0.2-2% slower in every decode cell, and paged page 16 4% slower (bench/results/logs/
+        # 2026-11-26-1593d5a-s11c5); before that, 3 stages patched in gave wrong outputs.
+        reasons.append(f"num_stages {cfg.num_stages}: the forward's main loop takes 2 K/V stages")
     return reasons
 
 
