@@ -1,0 +1,34 @@
+"""bench/ab_sources.py on CPU: a commit's sources extracted without results, and the rows a
+bench_decode report yields for the comparison (the GPU part runs on the device)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import ab_sources  # noqa: E402
+
+
+def test_prepare_extracts_sources_without_results(tmp_path):
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    tree = ab_sources.prepare("HEAD", into=tmp_path)
+    assert (tree / "fa_gen" / "__init__.py").is_file()
+    assert (tree / "templates" / "sm80" / "forward.py.j2").is_file()
+    assert (tree / "bench" / "bench_decode.py").is_file()
+    assert not (tree / "bench" / "results").exists()
+    assert not (tree / "generated").exists()
+
+
+def test_rows_cover_decode_paged_and_varlen_cells():
+    report = {
+        "decode": [{"name": "b1", "results": [{"impl": "fa_gen_split", "gbps": 3800.0}, {"impl": "fa4", "error": "x"}]}],
+        "paged": [{"name": "b1_p16", "results": [{"impl": "fa_gen_paged", "gbps": 3500.0}]}],
+        "varlen": {"cells": [{"name": "h16", "results": [{"impl": "fa_gen", "tflops": 522.0}]}]},
+    }
+    assert ab_sources.rows(json.loads(json.dumps(report)), "gbps") == {
+        ("b1", "fa_gen_split"): 3800.0, ("b1_p16", "fa_gen_paged"): 3500.0, ("h16", "fa_gen"): 522.0}
