@@ -74,9 +74,6 @@ _MAX_ACCUMULATORS = 160
 # Registers per thread of the split kinds (ptxas, sm_90a, bf16, d 64 and 128, no expression:
 # fa_gen.backends.cute_dsl.ptxas_remarks): three 4-warp CTAs fit an SM by registers, not two.
 _SPLIT_REGS_PER_THREAD = 168
-# The paged kinds that find a page per copy row hold each row's next K and V offsets (64-bit)
-# and the next tile's pages: 228 (d 64) and 248 (d 128) registers on sm_90a, so two CTAs an SM.
-_SPLIT_PAGED_ROW_REGS_PER_THREAD = 248
 # Shared memory the driver reserves per resident block.
 _SMEM_RESERVED_PER_BLOCK = 1024
 
@@ -193,10 +190,9 @@ class Sm80Family(Family):
                 smem = arch_info(arch).max_smem_per_block
                 context["tile"] = asdict(cfg)
                 # What the split count aims to fill (fa_gen.inference.num_splits_for).
-                regs = _SPLIT_PAGED_ROW_REGS_PER_THREAD if call.paged and call.page_lookup == "row" \
-                    else _SPLIT_REGS_PER_THREAD
                 context["ctas_per_sm"] = cfg.blocks_per_sm(padded_head_dim(spec.head_dim_qk),
-                                                           padded_head_dim(spec.head_dim_v), smem, regs)
+                                                           padded_head_dim(spec.head_dim_v), smem,
+                                                           _SPLIT_REGS_PER_THREAD)
             return context
         if kind not in BACKWARD_KINDS and kind not in ("backward_dropout", "backward_varlen_dropout", "backward_shifted"):
             return {}
