@@ -4,8 +4,11 @@
 
 A cell is MODE:DTYPE:HEAD_DIM:MASK:SEQLEN with bench/bench_forward.py's shapes (batch * seqlen =
 16k, heads * head_dim = 2048). With --ncu the script runs itself under ncu once per (cell,
-implementation); each launch it profiles sits in an NVTX range named after them, so ncu sees only
-those kernels (the backward's pre- and post-processing kernels included). Reports land in DIR as
+implementation); the launch it profiles sits between cudaProfilerStart and cudaProfilerStop
+(ncu --profile-from-start off), so ncu sees only those kernels, the backward's pre- and post-
+processing kernels included. (An NVTX range did not do for the backward: ranges belong to the
+thread that pushes them, and autograd launches the backward's kernels from its own thread, so
+session 10's backward profiles came back empty.) Reports land in DIR as
 CSV (ncu --page details) plus one summary line per kernel on stdout: duration, tensor-pipe and
 issue-slot use, DRAM throughput, the top warp stall reasons.
 """
@@ -53,7 +56,7 @@ def parse_cell(text: str):
 
 
 def run_cell(text: str, impl: str, launches: int) -> None:
-    """`launches` calls of impl on the cell, the last in NVTX range `text/impl` (what ncu keeps)."""
+    """`launches` calls of impl on the cell, the last inside the profiler's capture range (what ncu keeps)."""
     import torch
 
     from implementations import IMPLEMENTATIONS
@@ -69,24 +72,19 @@ def run_cell(text: str, impl: str, launches: int) -> None:
         last = i == launches - 1
         if last:
             torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push(range_name(text, impl))
+            torch.cuda.profiler.start()
         if case.backward:
             torch.autograd.grad(out, (q, k, v), dout)
         elif last:  # the forward again inside the range
             fn(q, k, v)
         if last:
             torch.cuda.synchronize()
-            torch.cuda.nvtx.range_pop()
-
-
-def range_name(cell: str, impl: str) -> str:
-    """The NVTX range of a profiled launch: no '/' (ncu's include syntax nests ranges on it) or ':'."""
-    return f"{cell.replace(':', '_')}_{impl}"
+            torch.cuda.profiler.stop()
 
 
 def profile(cell: str, impl: str, out: Path) -> None:
     name = f"{cell}-{impl}".replace(":", "_")
-    base = ["ncu", "--nvtx", "--nvtx-include", f"{range_name(cell, impl)}/", "--csv", "--page", "details",
+    base = ["ncu", "--profile-from-start", "off", "--csv", "--page", "details",
             *[f"--section={s}" for s in SECTIONS]]
     script = [sys.executable, __file__, "--run", cell, impl]
     result = subprocess.run([*base, "--metrics", ",".join(METRICS), *script], capture_output=True, text=True)
