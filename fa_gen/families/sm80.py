@@ -310,8 +310,9 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
     if cfg.num_stages != 2:
         # The main loop ping-pongs K and V between two stages (a tile loads into 1 - stage).
         # H200, split decode: a third stage (prologue and waits made for it, outputs right) read
-        # 0.2-2% slower in every decode cell, and paged page 16 4% slower (bench/results/logs/
-        # 2026-11-26-1593d5a-s11c5); before that, 3 stages patched in gave wrong outputs.
+        # 0.2-2% slower in every decode cell, beside two stages in one process (bench/decode_sweep.py,
+        # bench/results/logs/2026-11-26-1593d5a-s11c5); before that, 3 stages patched in gave
+        # wrong outputs.
         reasons.append(f"num_stages {cfg.num_stages}: the forward's main loop takes 2 K/V stages")
     return reasons
 
