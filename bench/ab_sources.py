@@ -67,7 +67,7 @@ def rows(report: dict, metric: str) -> dict[tuple[str, str], float]:
 
 def run_once(tree: Path, script: str, args: list[str], out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{tree.resolve()}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, str(tree / script), "--commit", tree.resolve().name, "--out", str(out), *args]
+    command = [sys.executable, str(tree.resolve() / script), "--commit", tree.resolve().name, "--out", str(out), *args]
     subprocess.run(command, cwd=tree, env=env, check=True)
     reports = sorted(out.glob("*.json"), key=lambda p: p.stat().st_mtime)
     if not reports:

@@ -59,8 +59,10 @@ def test_split_kinds_count_their_registers():
     from fa_gen.families.sm80 import split_tile_config
     d64, d128 = resolve_spec("full_fp16_d64"), resolve_spec("full_bf16_d128")
     smem = 227 * 1024
-    assert split_tile_config(d64, "sm_90a").blocks_per_sm(64, 64, smem, 168) == 3  # by registers
-    assert split_tile_config(d64, "sm_90a").blocks_per_sm(64, 64, smem) == 2  # at the 255 cap
+    narrow = split_tile_config(d64, "sm_90a")  # 32 rows over 2 warps at d <= 64
+    assert (narrow.tile_m, narrow.num_warps) == (32, 2)
+    assert narrow.blocks_per_sm(64, 64, smem, 168) == 6  # by registers and by shared memory
+    assert narrow.blocks_per_sm(64, 64, smem) == 4  # at the 255 cap
     assert split_tile_config(d128, "sm_90a").blocks_per_sm(128, 128, smem, 168) == 2  # by shared memory
 
 
