@@ -62,7 +62,7 @@ def run_cell(text: str, impl: str, launches: int) -> None:
     from implementations import IMPLEMENTATIONS
 
     case = parse_cell(text)
-    fn = IMPLEMENTATIONS[impl](case)
+    fn = {**IMPLEMENTATIONS, "fa_gen_dropout": _fa_gen_dropout}[impl](case)
     q, k, v = (torch.randn(case.batch, case.seqlen, case.heads, case.head_dim, device="cuda",
                            dtype=case.torch_dtype, requires_grad=case.backward) for _ in range(3))
     dout = torch.randn(case.batch, case.seqlen, case.heads, case.head_dim, device="cuda", dtype=case.torch_dtype)
@@ -80,6 +80,17 @@ def run_cell(text: str, impl: str, launches: int) -> None:
         if last:
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
+
+
+def _fa_gen_dropout(case):
+    """fa_gen.attention at dropout p = 0.1: the forward_dropout kernel (and, for a backward cell,
+    backward_dropout), to profile beside fa_gen at p = 0."""
+    from fa_gen.api import attention
+    from fa_gen.spec_load import load_spec
+
+    spec = load_spec({"name": f"bench_{'causal' if case.causal else 'full'}_{case.dtype}_d{case.head_dim}",
+                      "dtype": case.dtype, "head_dim": case.head_dim, "mask": "causal" if case.causal else "none"})
+    return lambda q, k, v: attention(q, k, v, spec, dropout_p=0.1)
 
 
 def profile(cell: str, impl: str, out: Path) -> None:
@@ -130,7 +141,7 @@ def _number(text: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cells", nargs="*")
-    parser.add_argument("--impls", default="fa_gen,fa4")
+    parser.add_argument("--impls", default="fa_gen,fa4", help="of bench/implementations.py, or fa_gen_dropout (p = 0.1)")
     parser.add_argument("--ncu", action="store_true", help="profile each (cell, impl) under ncu")
     parser.add_argument("--out", default="/tmp/profile_cells")
     parser.add_argument("--launches", type=int, default=3)
