@@ -268,7 +268,8 @@ def split_tile_config(spec: Spec, arch: str) -> TileConfig:
     d64, A/B in one call: 2.91 TB/s against 2.80 (cuDNN 2.92); 16x64 on one warp 2.94, 32x128
     2.80; d128 cells unchanged by 32-row tiles (bench/results/logs/2026-11-26-882ac40-s12c1..3).
     Falls back to the forward's tiles when none fits."""
-    narrow = (TileConfig(32, 64, 2, 2),) if max(padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)) <= 64 else ()
+    widest = max(padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v))
+    narrow = (TileConfig(32, 64, 2, 2),) if widest <= 64 else ()
     for cfg in (*narrow, TileConfig(64, 64, 4, 2), TileConfig(64, 128, 4, 2)):
         if not _tile_reasons(cfg, spec, arch):
             return cfg
