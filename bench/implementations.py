@@ -29,14 +29,19 @@ class Case:
         return {"bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
 
 
+def case_spec(case: Case):
+    """The fa_gen spec of a benchmark case: its dtype, head dim and mask, nothing else."""
+    from fa_gen.spec_load import load_spec
+
+    return load_spec({"name": f"bench_{'causal' if case.causal else 'full'}_{case.dtype}_d{case.head_dim}",
+                      "dtype": case.dtype, "head_dim": case.head_dim, "mask": "causal" if case.causal else "none"})
+
+
 def fa_gen_impl(family: str | None):
     def make(case: Case):
         from fa_gen.runtime import build
-        from fa_gen.spec_load import load_spec
 
-        spec = load_spec({"name": f"bench_{'causal' if case.causal else 'full'}_{case.dtype}_d{case.head_dim}",
-                          "dtype": case.dtype, "head_dim": case.head_dim,
-                          "mask": "causal" if case.causal else "none"})
+        spec = case_spec(case)
         if case.backward:
             # The differentiable path: custom op forward, then the backward kernel of the
             # family that renders one (`family` picks forward kernels only).

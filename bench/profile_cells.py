@@ -85,11 +85,11 @@ def run_cell(text: str, impl: str, launches: int) -> None:
 def _fa_gen_dropout(case):
     """fa_gen.attention at dropout p = 0.1: the forward_dropout kernel (and, for a backward cell,
     backward_dropout), to profile beside fa_gen at p = 0."""
-    from fa_gen.api import attention
-    from fa_gen.spec_load import load_spec
+    from implementations import case_spec
 
-    spec = load_spec({"name": f"bench_{'causal' if case.causal else 'full'}_{case.dtype}_d{case.head_dim}",
-                      "dtype": case.dtype, "head_dim": case.head_dim, "mask": "causal" if case.causal else "none"})
+    from fa_gen.api import attention
+
+    spec = case_spec(case)
     return lambda q, k, v: attention(q, k, v, spec, dropout_p=0.1)
 
 
