@@ -3,7 +3,7 @@
     python bench/sweep_sm90.py --out DIR [--head-dims 64,128] [--masks none,causal]
         [--seqlens 2048,8192] [--configs "128,128,2,1;128,176,2,1"] [--anchors fa4,sdpa_cudnn,fa_gen_sm80]
 
-A config is tile_m,tile_n,num_stages,pingpong[,l2_kv_mb[,persist_m_blocks[,persist_l2_groups]]]
+A config is tile_m,tile_n,num_stages,pingpong[,l2_kv_mb[,persist_m_blocks[,persist_l2_groups]]][,KEY=VALUE...]
 (the sm90 family's `tuning` parameters; pingpong and persist_l2_groups 1 = off, 2 = on; e.g.
 "128,128,2,2,1,64,2" walks causal tiles sequence by sequence, head by head); without
 --configs, each head dim's candidates below are swept (the table's default first). Every
@@ -49,15 +49,19 @@ CHECK_SHAPE = Shape(2, 1000, 1037, 8, 2)
 PARAMS = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks", "persist_l2_groups")
 
 
-def make_spec(head_dim: int, mask: str, dtype: str, cfg: tuple[int, ...]):
-    tuning = dict(zip(PARAMS, cfg))
-    return load_spec({"name": f"sweep_{mask}_{dtype}_d{head_dim}_" + "_".join(map(str, cfg)),
+def make_spec(head_dim: int, mask: str, dtype: str, cfg: tuple):
+    """cfg: values of PARAMS in order, then optional (name, value) pairs (any sm90 tuning key)."""
+    positional = [x for x in cfg if not isinstance(x, tuple)]
+    tuning = {**dict(zip(PARAMS, positional)), **dict(x for x in cfg if isinstance(x, tuple))}
+    label = "_".join(f"{x[0]}{x[1]}" if isinstance(x, tuple) else str(x) for x in cfg)
+    return load_spec({"name": f"sweep_{mask}_{dtype}_d{head_dim}_" + label,
                       "dtype": dtype, "head_dim": head_dim, "mask": mask, "tuning": {"sm90": tuning}})
 
 
 def candidates(head_dim: int, configs: str | None, defaults_only: bool = False) -> list[tuple[int, ...]]:
     if configs:
-        return [tuple(int(x) for x in c.split(",")) for c in configs.split(";")]
+        return [tuple((x.split("=")[0], int(x.split("=")[1])) if "=" in x else int(x) for x in c.split(","))
+                for c in configs.split(";")]
     d = _DEFAULT_TILES[(head_dim, head_dim)]
     default = (d.tile_m, d.tile_n, d.num_stages, d.pingpong)
     if defaults_only:

@@ -36,6 +36,11 @@ NUM_SMS = 132
 _SMEM_OVERHEAD = 1024
 
 
+# How far (log2, in the exponent) a row's max may pass its reference before the reference moves,
+# with the stale_max tuning: P then stays below 2^8 (FlashAttention-4's threshold on Blackwell).
+STALE_MAX_LOG2 = 8.0
+
+
 @dataclass(frozen=True)
 class TileConfig:
     tile_m: int       # query rows per CTA tile: 64 per consumer warpgroup
@@ -58,6 +63,11 @@ class TileConfig:
     # With persist_l2_groups 2: the persistent causal grid's L2 groups hold this many MB of K/V
     # (0: l2_kv_mb, the groups of the other grids).
     persist_l2_mb: int = 0
+    # 2: the softmax moves a row's reference max only when the new max exceeds it by more than
+    # STALE_MAX_LOG2 in the exponent, and a warp whose rows all kept theirs skips the O rescale
+    # (64 FMULs a step at d128); 1: every step takes the new max. Not for fp8 inputs, whose P
+    # enters the GEMM scaled by 2^8 (fp8.j2's P_SHIFT) and would overflow e4m3.
+    stale_max: int = 1
 
     @property
     def pingpong_on(self) -> bool:
@@ -254,7 +264,7 @@ class Sm90Family(Family):
         return [(self.archs, "L1 (float64 reference, hypothesis) on H100 and H200")]
     backend = "cute_dsl"
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks",
-                     "persist_l2_groups", "persist_l2_mb")
+                     "persist_l2_groups", "persist_l2_mb", "stale_max")
     # The backward kernel (fa_gen/families/sm90_backward.py); head dims it does not fit drop out
     # of kernel_files, and their backward goes to the next family (fa_gen.backward.backward_family).
     # The forward of short causal-like sequences (SHORT_KIND) is the same template with its own tiles.
@@ -376,6 +386,7 @@ class Sm90Family(Family):
             "o_shares_q": o_shares_q,
             "smem_bytes": smem_bytes,
             "l2_kv_bytes": cfg.l2_kv_mb * 1024 * 1024,
+            "stale_max_log2": STALE_MAX_LOG2 if cfg.stale_max == 2 else None,
         }
 
 
@@ -392,6 +403,10 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         reasons.append(f"tuning: num_stages {cfg.num_stages} must be at least 2")
     if cfg.pingpong not in (1, 2):
         reasons.append(f"tuning: pingpong {cfg.pingpong} must be 1 (off) or 2 (on)")
+    if cfg.stale_max not in (1, 2):
+        reasons.append(f"tuning: stale_max {cfg.stale_max} must be 1 (off) or 2 (on)")
+    if cfg.stale_max == 2 and spec.is_fp8:
+        reasons.append("tuning: stale_max with fp8 inputs (P, scaled by 2^8 for e4m3, would overflow)")
     if cfg.persist_l2_groups not in (1, 2):
         reasons.append(f"tuning: persist_l2_groups {cfg.persist_l2_groups} must be 1 (off) or 2 (on)")
     if cfg.persist_l2_mb < 0:
