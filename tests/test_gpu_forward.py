@@ -85,3 +85,35 @@ def test_edge_shapes(kernels, name, family):
                 for r in (check_kernel(kernels[(name, label)], shape, seed=i) for i, shape in enumerate(EDGE_SHAPES))
                 if not r.ok]
     assert not failures, f"{name} ({family}):\n" + "\n".join(failures)
+
+
+# The sm90 softmax's stale_max (d128's default): a row keeps its reference max until a new one
+# passes it by 2^8 in the exponent, and a warp skips the O rescale when all its rows kept theirs.
+# Standard-normal inputs never move a max that far after the first key tile, so these inputs
+# do: keys grow along the sequence and each query row has its own scale (0.25 to 16), so within
+# a warp some rows creep up by less than the threshold each tile (kept), some jump past it
+# (moved), and some stay flat. Off and on, each against the float64 reference.
+@pytest.mark.parametrize("stale_max", [1, 2])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_stale_max_with_rows_whose_max_moves_by_every_amount(mask, stale_max):
+    from fa_gen.check import compare
+    from fa_gen.runtime import build, current_arch
+    from fa_gen.spec_load import load_spec
+
+    if current_arch() not in ("sm_90", "sm_90a"):
+        pytest.skip("the sm90 family's softmax")
+    spec = load_spec({"name": f"stale_{mask}_{stale_max}", "dtype": "bf16", "head_dim": 128, "mask": mask,
+                      "tuning": {"sm90": {"stale_max": stale_max}}})
+    kernel = build(spec, current_arch(), family="sm90")
+    for seed, (batch, seqlen_q, seqlen_k, heads) in enumerate([(2, 777, 1531, 4), (1, 130, 4099, 2), (3, 1025, 640, 3)]):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        row_scale = torch.tensor([0.25, 1.0, 4.0, 16.0], device="cuda")[torch.randint(0, 4, (seqlen_q,), generator=gen, device="cuda")]
+        key_growth = 1 + 3 * torch.arange(seqlen_k, device="cuda") / seqlen_k
+        q = (torch.randn(batch, seqlen_q, heads, 128, generator=gen, device="cuda") * row_scale[:, None, None]).bfloat16()
+        k = (torch.randn(batch, seqlen_k, heads, 128, generator=gen, device="cuda") * key_growth[:, None, None]).bfloat16()
+        v = torch.randn(batch, seqlen_k, heads, 128, generator=gen, device="cuda").bfloat16()
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((batch, heads, seqlen_q), float("nan"), device="cuda")
+        kernel.forward(q, k, v, out=out, lse=lse)
+        result = compare(spec, q, k, v, out, lse)
+        assert result.ok, f"{spec.name} {(batch, seqlen_q, seqlen_k, heads)}: {result}"

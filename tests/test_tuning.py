@@ -50,16 +50,22 @@ def test_tuning_that_fits_only_some_archs_narrows_the_default():
 
 
 def test_stale_max_reaches_the_softmax_and_is_refused_for_fp8(tmp_path, monkeypatch):
-    """stale_max 2 keeps a row's reference max within 2^8 and skips the O rescale by a warp vote;
-    the render compiles for sm_90a. fp8 inputs refuse it (P, scaled by 2^8 for e4m3, would overflow)."""
+    """stale_max 2 (d128's default) keeps a row's reference max within 2^8 and skips the O rescale
+    by a warp vote; the render compiles for sm_90a; `stale_max: 1` and head dim 64 render the plain
+    softmax. fp8 inputs refuse it (P, scaled by 2^8 for e4m3, would overflow)."""
     from fa_gen.backends.cute_dsl import compile_to_object
 
-    tuned = spec_from_yaml_text(BASE + "tuning:\n  sm90: {stale_max: 2}\n", "t.yaml")
-    text = render(tuned, "sm_90a").text
+    text = render(spec_from_yaml_text(BASE, "t.yaml"), "sm_90a").text
     assert "vote_any_sync(moved)" in text and "<= Float32(8.0) else new_max" in text
-    assert "vote_any_sync" not in render(spec_from_yaml_text(BASE, "t.yaml"), "sm_90a").text
+    off = spec_from_yaml_text(BASE + "tuning:\n  sm90: {stale_max: 1}\n", "t.yaml")
+    assert "vote_any_sync" not in render(off, "sm_90a").text
+    assert "vote_any_sync" not in render(spec_from_yaml_text(BASE.replace("128", "64"), "t.yaml"), "sm_90a").text
+    on64 = spec_from_yaml_text(BASE.replace("128", "64") + "tuning:\n  sm90: {stale_max: 2}\n", "t.yaml")
+    assert "vote_any_sync(moved)" in render(on64, "sm_90a").text
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     compile_to_object(text, "sm_90a", tmp_path / "stale.o", label="stale")
     assert (tmp_path / "stale.o").stat().st_size > 0
     with pytest.raises(SpecError, match="stale_max with fp8 inputs"):
         spec_from_yaml_text("name: t\ndtype: fp8_e4m3\nhead_dim: 128\ntuning:\n  sm90: {stale_max: 2}\n", "t.yaml")
+    fp8 = spec_from_yaml_text("name: t\ndtype: fp8_e4m3\nhead_dim: 128\n", "t.yaml")
+    assert "vote_any_sync" not in render(fp8, "sm_90a").text

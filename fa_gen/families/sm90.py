@@ -108,10 +108,14 @@ class TileConfig:
 #        per tile above 64 query tiles); 128x176, 128x112, 128x96 3st and no ping-pong all lose at <= 8k.
 #   d256 128x80 2st, no pp: 412/659/715/687 beats ping-pong (361/564/681/707) and 128x64 (379/618/688/688).
 #   d96 and d192 follow d128 and d256 (not swept).
+# stale_max (H100, bench/sweep_sm90.py, the two alternated three times in one call, medians; logs
+# 2026-11-26-4c3d20e-s13c1): d128 non-causal 2k/8k/16k 554/620/625 -> 600/651/669, causal
+# 456/622/624 -> 480/669/669 (FA4 559/702/665, 408/629/643); d64 and d256 within the spread or
+# lower (d64 none 2k 469 -> 445, d256 causal 8k 699 -> 656), so there it stays off.
 _DEFAULT_TILES = {
     (64, 64): TileConfig(192, 128, 2, 2),
     (96, 96): TileConfig(128, 128, 2, 2),
-    (128, 128): TileConfig(128, 128, 2, 2),
+    (128, 128): TileConfig(128, 128, 2, 2, stale_max=2),
     (192, 128): TileConfig(128, 128, 2, 1),
     (192, 192): TileConfig(128, 112, 2, 1),
     (256, 256): TileConfig(128, 80, 2, 1),

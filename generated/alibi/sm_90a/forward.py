@@ -678,9 +678,13 @@ class FlashAttentionForward:
         """O *= the last softmax step's per-row factors (1 after the first step)."""
         o_mn = rows_cols_view(ops.acc_O)
         row_scale = ops.row_scale
+        moved = Boolean(False)
         for r in cutlass.range_constexpr(cute.size(row_scale)):
-            for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
-                o_mn[r, c] = o_mn[r, c] * row_scale[r]
+            moved = moved | (row_scale[r] != Float32(1.0))
+        if cute.arch.vote_any_sync(moved):
+            for r in cutlass.range_constexpr(cute.size(row_scale)):
+                for c in cutlass.range_constexpr(cute.size(o_mn.shape[1])):
+                    o_mn[r, c] = o_mn[r, c] * row_scale[r]
 
     @cute.jit
     def last_step(self, ops: Operands, q_state, kv_state, v_pending, pending):
@@ -762,6 +766,11 @@ class FlashAttentionForward:
             if const_expr(not is_first):
                 tile_max = cute.arch.fmax(tile_max, prev_max)
             new_max = row_allreduce_max(tile_max)
+            if const_expr(not is_first):
+                # Keep the reference max while the new one exceeds it by at most 2^stale_log2 in the
+                # exponent: P stays below 2^stale_log2, this row's factor is exactly 1, and a warp whose
+                # rows all keep theirs skips the O rescale. A -inf reference always moves (+inf apart).
+                new_max = prev_max if (new_max - prev_max) * LOG2_E <= Float32(8.0) else new_max
             # Keep the true max (possibly -inf): a stand-in would shift later tiles' exponents.
             row_max[r] = new_max
             if const_expr(check_inf):
