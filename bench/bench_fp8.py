@@ -9,7 +9,9 @@ Rows per cell (TFLOP/s = 4*b*h*s^2*d, /2 causal):
   sdpa_cudnn, fa4    the bf16 anchors on the same values
 Cells: batch*seqlen = 16k, heads*d = 2048 at d 128 and 256, causal and not; the Llama-3.1 cell
 (64 query / 8 kv heads, d 128, 32k, causal). --sweep adds tile variants of the fp8 kernel
-(spec tuning) at the non-causal cells. Writes DIR/DATE-COMMIT-fp8.json.
+(spec tuning) at the non-causal cells; --tunings "stale_max=2;stale_max=1" times those tunings
+of the fp8 kernel at every cell instead (after the default, in the order given: repeat one to
+alternate). Writes DIR/DATE-COMMIT-fp8.json.
 """
 
 from __future__ import annotations
@@ -127,10 +129,18 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--quick", action="store_true", help="one seqlen (8k) per head dim and mask")
+    parser.add_argument("--tunings", default=None, help='e.g. "stale_max=2;pingpong=1,tile_n=192" (every cell)')
     parser.add_argument("--impls", default="fa_gen_bf16,sdpa_cudnn,fa4")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0")),
                         help="compile the kernels in this many processes first")
     args = parser.parse_args(argv)
+    given = [dict((k, int(v)) for k, v in (kv.split("=") for kv in t.split(","))) for t in args.tunings.split(";")] \
+        if args.tunings else None
+
+    def tunings_of(cell) -> list:
+        if given is not None:
+            return given
+        return SWEEP[cell["head_dim"]] if args.sweep and not cell["causal"] and cell["heads_q"] == cell["heads_kv"] else []
     report = {"commit": args.commit, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "command": "python bench/bench_fp8.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -144,8 +154,7 @@ def main(argv=None) -> int:
 
         specs = {}
         for cell in cells(args.quick):
-            sweep = SWEEP[cell["head_dim"]] if args.sweep and not cell["causal"] else []
-            for tuning in [None] + sweep:
+            for tuning in [None] + tunings_of(cell):
                 spec = fp8_spec(cell["head_dim"], cell["causal"], tuning)
                 specs[spec.name] = spec
             bf16 = load_spec({"name": f"bench_{'causal' if cell['causal'] else 'full'}_bf16_d{cell['head_dim']}",
@@ -156,8 +165,7 @@ def main(argv=None) -> int:
         sets = input_sets(3, cell["batch"], cell["seqlen"], cell["heads_q"], cell["heads_kv"], cell["head_dim"])
         flops = attention_flops(cell["batch"], cell["heads_q"], cell["seqlen"], cell["seqlen"], cell["head_dim"],
                                 cell["head_dim"], cell["causal"])
-        tunings = SWEEP[cell["head_dim"]] if args.sweep and not cell["causal"] and cell["heads_q"] == cell["heads_kv"] else []
-        cell["results"] = time_rows(cell, sets, cell["causal"], flops, args.impls.split(","), tunings)
+        cell["results"] = time_rows(cell, sets, cell["causal"], flops, args.impls.split(","), tunings_of(cell))
         report["cells"].append(cell)
         del sets
         torch.cuda.empty_cache()

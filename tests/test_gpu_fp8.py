@@ -43,6 +43,11 @@ SPECS = [
     load_spec({"name": "fp8_softcap", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "causal", **SOFTCAP}),
     load_spec({"name": "fp8_sink", "dtype": "fp8_e4m3", "head_dim": 64, "mask": "causal",
                "sink": {"expr": "sinks[h]"}, "inputs": {"sinks": {"shape": ["heads_q"], "dtype": "float32"}}}),
+    # The stale_max tuning: kept reference maxima, P shifted by 2^4 instead of 2^8.
+    load_spec({"name": "fp8_d128_stale", "dtype": "fp8_e4m3", "head_dim": 128, "mask": "none",
+               "tuning": {"sm90": {"stale_max": 2}}}),
+    load_spec({"name": "fp8_d256_causal_stale", "dtype": "fp8_e4m3", "head_dim": 256, "mask": "causal",
+               "tuning": {"sm90": {"stale_max": 2}}}),
 ]
 _OUT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -49,10 +49,10 @@ def test_tuning_that_fits_only_some_archs_narrows_the_default():
     assert "sm_90a" in spec.archs and "sm_86" not in spec.archs   # 99 KB cannot hold the tiles
 
 
-def test_stale_max_reaches_the_softmax_and_is_refused_for_fp8(tmp_path, monkeypatch):
+def test_stale_max_reaches_the_softmax_and_shrinks_the_fp8_shift(tmp_path, monkeypatch):
     """stale_max 2 (d128's default) keeps a row's reference max within 2^8 and skips the O rescale
     by a warp vote; the render compiles for sm_90a; `stale_max: 1` and head dim 64 render the plain
-    softmax. fp8 inputs refuse it (P, scaled by 2^8 for e4m3, would overflow)."""
+    softmax. fp8 inputs take a threshold of 2^4 and shift P by 2^4 instead of 2^8 (e4m3 reaches 448)."""
     from fa_gen.backends.cute_dsl import compile_to_object
 
     text = render(spec_from_yaml_text(BASE, "t.yaml"), "sm_90a").text
@@ -65,7 +65,8 @@ def test_stale_max_reaches_the_softmax_and_is_refused_for_fp8(tmp_path, monkeypa
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     compile_to_object(text, "sm_90a", tmp_path / "stale.o", label="stale")
     assert (tmp_path / "stale.o").stat().st_size > 0
-    with pytest.raises(SpecError, match="stale_max with fp8 inputs"):
-        spec_from_yaml_text("name: t\ndtype: fp8_e4m3\nhead_dim: 128\ntuning:\n  sm90: {stale_max: 2}\n", "t.yaml")
-    fp8 = spec_from_yaml_text("name: t\ndtype: fp8_e4m3\nhead_dim: 128\n", "t.yaml")
-    assert "vote_any_sync" not in render(fp8, "sm_90a").text
+    fp8_on = render(spec_from_yaml_text("name: t\ndtype: fp8_e4m3\nhead_dim: 128\ntuning:\n  sm90: {stale_max: 2}\n",
+                                        "t.yaml"), "sm_90a").text
+    assert "<= Float32(4.0) else new_max" in fp8_on and "P_SHIFT = 4.0" in fp8_on and "P_UNSHIFT = 0.0625" in fp8_on
+    fp8_off = render(spec_from_yaml_text("name: t\ndtype: fp8_e4m3\nhead_dim: 128\n", "t.yaml"), "sm_90a").text
+    assert "vote_any_sync" not in fp8_off and "P_SHIFT = 8.0" in fp8_off and "P_UNSHIFT = 0.00390625" in fp8_off

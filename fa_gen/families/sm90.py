@@ -39,6 +39,11 @@ _SMEM_OVERHEAD = 1024
 # How far (log2, in the exponent) a row's max may pass its reference before the reference moves,
 # with the stale_max tuning: P then stays below 2^8 (FlashAttention-4's threshold on Blackwell).
 STALE_MAX_LOG2 = 8.0
+# fp8 P enters the P V wgmma as 2^FP8_P_SHIFT times the probability (e4m3 reaches 448). With
+# stale_max, a kept reference lets P grow by 2^STALE_MAX_LOG2_FP8, so the shift shrinks by as much:
+# P stays at most 2^8, and probabilities down to 2^-10 of the row's max stay e4m3 normals.
+FP8_P_SHIFT = 8
+STALE_MAX_LOG2_FP8 = 4.0
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,9 @@ class TileConfig:
     persist_l2_mb: int = 0
     # 2: the softmax moves a row's reference max only when the new max exceeds it by more than
     # STALE_MAX_LOG2 in the exponent, and a warp whose rows all kept theirs skips the O rescale
-    # (64 FMULs a step at d128); 1: every step takes the new max. Not for fp8 inputs, whose P
-    # enters the GEMM scaled by 2^8 (fp8.j2's P_SHIFT) and would overflow e4m3.
+    # (64 FMULs a step at d128); 1: every step takes the new max. For fp8 inputs, whose P
+    # enters the GEMM as 2^FP8_P_SHIFT times the probability, the threshold is
+    # STALE_MAX_LOG2_FP8 and P's shift shrinks by as much (e4m3 reaches 448).
     stale_max: int = 1
 
     @property
@@ -381,6 +387,7 @@ class Sm90Family(Family):
         dqk, dv = padded_dims(spec)
         o_shares_q = not spec.is_fp8 and cfg.o_shares_q(dqk, dv, smem)
         smem_bytes = cfg.fp8_smem_bytes(dqk, dv) if spec.is_fp8 else cfg.smem_bytes(dqk, dv, smem)
+        stale = None if cfg.stale_max == 1 else STALE_MAX_LOG2_FP8 if spec.is_fp8 else STALE_MAX_LOG2
         return {
             "tile": asdict(cfg),
             "pingpong": cfg.pingpong_on,
@@ -390,7 +397,9 @@ class Sm90Family(Family):
             "o_shares_q": o_shares_q,
             "smem_bytes": smem_bytes,
             "l2_kv_bytes": cfg.l2_kv_mb * 1024 * 1024,
-            "stale_max_log2": STALE_MAX_LOG2 if cfg.stale_max == 2 else None,
+            "stale_max_log2": stale,
+            # fp8: P's shift in the exponent (sm90/fp8.j2), less the stale threshold.
+            "p_shift": FP8_P_SHIFT - int(stale or 0) if spec.is_fp8 else None,
         }
 
 
@@ -409,8 +418,6 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         reasons.append(f"tuning: pingpong {cfg.pingpong} must be 1 (off) or 2 (on)")
     if cfg.stale_max not in (1, 2):
         reasons.append(f"tuning: stale_max {cfg.stale_max} must be 1 (off) or 2 (on)")
-    if cfg.stale_max == 2 and spec.is_fp8:
-        reasons.append("tuning: stale_max with fp8 inputs (P, scaled by 2^8 for e4m3, would overflow)")
     if cfg.persist_l2_groups not in (1, 2):
         reasons.append(f"tuning: persist_l2_groups {cfg.persist_l2_groups} must be 1 (off) or 2 (on)")
     if cfg.persist_l2_mb < 0:
