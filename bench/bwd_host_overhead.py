@@ -1,5 +1,6 @@
 """Host time per backward call, by layer (fa_gen vs SDPA flash): small shapes, so the GPU keeps up
-and wall time / calls is the host's cost. Usage: python bench/bwd_host_overhead.py"""
+and wall time / calls is the host's cost. Usage: python bench/bwd_host_overhead.py [--cprofile]
+(--cprofile: then fa_gen's autograd.grad under cProfile, the top functions by cumulative time)."""
 
 import sys
 import time
@@ -35,7 +36,7 @@ def main():
     key = spec_key(spec)
     bwd = build_backward(spec)
     with torch.no_grad():
-        o2, lse2 = torch.ops.fa_gen.attention_forward(q, k, v, key, False)
+        o2, lse2 = torch.ops.fa_gen.attention_forward(q, k, v, key, False, [], [])
     qd, kd, vd = q.detach(), k.detach(), v.detach()
     ws = _workspace(qd, 128)
     dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
@@ -56,6 +57,20 @@ def main():
     rows["sdpa_flash autograd.grad"] = lambda: torch.autograd.grad(so, (qs, ks, vs), sdo, retain_graph=True)
     for name, fn in rows.items():
         print(f"{name:28s} {per_call_us(fn):8.1f} us/call host")
+    if "--cprofile" in sys.argv:
+        # Where fa_gen's autograd.grad spends its host time, by function (cumulative).
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        # The backward on this thread (cProfile sees one thread; autograd's is the device's).
+        with torch.autograd.set_multithreading_enabled(False):
+            profiler.enable()
+            for _ in range(500):
+                rows["fa_gen autograd.grad"]()
+            profiler.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(35)
 
 
 if __name__ == "__main__":

@@ -120,19 +120,21 @@ class Backward(CompiledKernel):
 
 def _workspace(q: torch.Tensor, head_dim_qk: int):
     """(dq_accum, lse_log2, dpsum, semaphore): fp32 dQ accumulator (b, heads_q, rows * head_dim_qk),
-    per-row LSE * log2(e) and D (b, heads_q, rows), int32 per-query-tile counters. One fp32
-    allocation serves the first three; the pre-pass initialises all of them."""
+    per-row LSE * log2(e) and D (b, heads_q, rows), int32 per-query-tile counters. One
+    allocation serves all four; the pre-pass initialises them."""
     batch, seqlen_q, heads_q, _ = q.shape
     rows = -(-seqlen_q // ROW_ALIGN) * ROW_ALIGN
-    sizes = (rows * head_dim_qk, rows, rows)
+    tiles = -(-seqlen_q // MIN_TILE_M)
+    sizes = (rows * head_dim_qk, rows, rows, tiles)
+    # One allocation for all four (the counters as int32 words of the same 4-byte elements).
     buffer = torch.empty(batch * heads_q * sum(sizes), dtype=torch.float32, device=q.device)
     parts, offset = [], 0
     for size in sizes:
         count = batch * heads_q * size
         parts.append(buffer[offset:offset + count].view(batch, heads_q, size))
         offset += count
-    semaphore = torch.empty((batch, heads_q, -(-seqlen_q // MIN_TILE_M)), dtype=torch.int32, device=q.device)
-    return (*parts, semaphore)
+    parts[-1] = parts[-1].view(torch.int32)
+    return tuple(parts)
 
 
 def backward_family(spec: Spec, arch: str) -> str:

@@ -249,12 +249,23 @@ def _check_shapes(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
         raise InputError(f"heads of q ({hq}) must be a multiple of heads of k/v ({hk}) (GQA/MQA)")
 
 
+# Arch of each CUDA device index, once looked up: every call's path asks (the device's properties
+# cost about 20 us a call on the host).
+_DEVICE_ARCHS: dict[int, str] = {}
+
+
 def current_arch() -> str:
     """The compile target: FA_GEN_ARCH if set, else the current CUDA device's."""
     override = env.target_arch()
     if override:
         archs.arch_info(override)  # unknown names fail here, with the known list
         return override
+    if torch.cuda.is_initialized():
+        index = torch.cuda.current_device()
+        arch = _DEVICE_ARCHS.get(index)
+        if arch is None:
+            arch = _DEVICE_ARCHS[index] = archs.arch_for_capability(*torch.cuda.get_device_capability(index))
+        return arch
     if not torch.cuda.is_available():
         raise UnsupportedError("no target arch", ["no CUDA device is visible; pass arch= or set FA_GEN_ARCH "
                                                   "(e.g. sm_90a) to compile without a GPU"])

@@ -35,7 +35,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (L1)"),
 ]
 
-SPECS = {spec.name: spec for spec in generate.shipped_specs()}
+# fp8 specs are forward-only (fa_gen.attention_fp8; no backward kernel): they do not train.
+SPECS = {spec.name: spec for spec in generate.shipped_specs() if not spec.is_fp8}
 # The issue's own shape, and an odd GQA one with seqlen_q > seqlen_k (rows that see no key).
 SHAPES = [Shape(2, 300, 300, 4, 4), Shape(3, 259, 131, 6, 2)]
 

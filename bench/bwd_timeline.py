@@ -1,0 +1,79 @@
+"""Where a backward call's time goes when it is timed alone (bench_forward.py's per-call timing):
+the CPU ops, the kernel launches and the kernels of one call on one timeline, fa_gen beside an
+anchor. Per call and back to back differ by the GPU's idle time inside the call; this shows where.
+
+    python bench/bwd_timeline.py [--cell 128:none:1024] [--impls fa_gen,fa4] [--dtype bf16]
+
+Cell HEAD_DIM:MASK:SEQLEN at bench_forward's shapes (batch * seqlen = 16k, heads * head_dim = 2048).
+Prints per implementation: the event-timed call, then each CUDA runtime call and kernel of the
+third profiled call with its start and end in us from the call's first event record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_forward import HIDDEN, TOKENS, _forward_graph, _grad  # noqa: E402
+from implementations import IMPLEMENTATIONS, Case  # noqa: E402
+from fa_gen.timing import make_input_sets  # noqa: E402
+
+
+def timeline(fn, graph, calls: int = 3) -> list[tuple[float, float, str, str]]:
+    """(start us, end us, kind, name) of the last of `calls` profiled calls, from its start event."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        _grad(*graph)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.profiler.record_function(f"call{i}"):
+                start.record()
+                _grad(*graph)
+                end.record()
+            end.synchronize()
+    events = prof.events()
+    last = [e for e in events if e.name == f"call{calls - 1}"][0]
+    t0 = last.time_range.start
+    rows = []
+    for e in events:
+        ts = e.time_range.start
+        if ts < t0 - 1 or ts > last.time_range.end + 5000:
+            continue
+        kind = "gpu" if e.device_type == torch.autograd.DeviceType.CUDA else "cpu"
+        if kind == "cpu" and not (e.name.startswith("cuda") or e.name.startswith("call") or "autograd" in e.name
+                                  or e.name.startswith("fa_gen") or e.name.startswith("aten::empty")):
+            continue
+        rows.append((ts - t0, e.time_range.end - t0, kind, e.name[:90]))
+    return sorted(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cell", default="128:none:1024")
+    parser.add_argument("--impls", default="fa_gen,fa4")
+    parser.add_argument("--dtype", default="bf16")
+    args = parser.parse_args()
+    head_dim, mask, seqlen = args.cell.split(":")
+    head_dim, seqlen = int(head_dim), int(seqlen)
+    case = Case(args.dtype, head_dim, mask == "causal", seqlen, TOKENS // seqlen, HIDDEN // head_dim, True)
+    (q, k, v), = make_input_sets(1, case.batch, case.seqlen, case.heads, case.heads, head_dim, head_dim,
+                                 case.torch_dtype)
+    for name in args.impls.split(","):
+        fn = IMPLEMENTATIONS[name](case)
+        graph = _forward_graph(fn, q, k, v)
+        print(f"== {name} {args.dtype} d{head_dim} {mask} s{seqlen}")
+        for start, end, kind, label in timeline(fn, graph):
+            print(f"  {start:9.1f} {end:9.1f} {kind} {label}")
+
+
+if __name__ == "__main__":
+    main()
