@@ -6,7 +6,9 @@ anchor. Per call and back to back differ by the GPU's idle time inside the call;
 
 Cell HEAD_DIM:MASK:SEQLEN at bench_forward's shapes (batch * seqlen = 16k, heads * head_dim = 2048).
 Prints per implementation: the event-timed call, then each CUDA runtime call and kernel of the
-third profiled call with its start and end in us from the call's first event record.
+third profiled call with its start and end in us from the call's first event record; first,
+without the profiler, the median over 20 calls of each call's event-timed GPU window (what
+bench_forward.py's per-call timing reads) beside the host time until autograd.grad returned.
 """
 
 from __future__ import annotations
@@ -56,6 +58,27 @@ def timeline(fn, graph, calls: int = 3) -> list[tuple[float, float, str, str]]:
     return sorted(rows)
 
 
+def plain(graph, calls: int = 20) -> tuple[float, float]:
+    """(median event-timed ms, median host ms until autograd.grad returned) over `calls` calls."""
+    import statistics
+    import time
+
+    for _ in range(5):
+        _grad(*graph)
+    torch.cuda.synchronize()
+    windows, hosts = [], []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        _grad(*graph)
+        hosts.append((time.perf_counter() - t0) * 1e3)
+        end.record()
+        end.synchronize()
+        windows.append(start.elapsed_time(end))
+    return statistics.median(windows), statistics.median(hosts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cell", default="128:none:1024")
@@ -70,7 +93,9 @@ def main() -> None:
     for name in args.impls.split(","):
         fn = IMPLEMENTATIONS[name](case)
         graph = _forward_graph(fn, q, k, v)
-        print(f"== {name} {args.dtype} d{head_dim} {mask} s{seqlen}")
+        window, host = plain(graph)
+        print(f"== {name} {args.dtype} d{head_dim} {mask} s{seqlen}: call {window:.3f} ms (events), "
+              f"autograd.grad returned after {host:.3f} ms (host)")
         for start, end, kind, label in timeline(fn, graph):
             print(f"  {start:9.1f} {end:9.1f} {kind} {label}")
 

@@ -81,7 +81,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec_ke
                       scalars: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse); `deterministic` is only carried to the backward. Decode-shaped calls (a few
     query rows) take the split-KV forward with GQA packing (fa_gen.inference)."""
-    spec = spec_from_key(spec_key)
+    return _forward(q, k, v, spec_from_key(spec_key), tensors, scalars)
+
+
+def _forward(q, k, v, spec: Spec, tensors, scalars):
     inputs = _inputs_by_name(spec, tensors, scalars)
     if decode_shaped(spec, q):
         return forward_split(spec, q, k, v, inputs=inputs)
@@ -181,6 +184,12 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
+    return _gradients(ctx, dout, ctx.needs_input_grad[5])
+
+
+def _gradients(ctx, dout, tensors_need_grad):
+    """(dq, dk, dv, None, None, input gradients, no gradient of the scalars) from the ctx that
+    _setup_context (or _EagerAttention.forward) filled; `tensors_need_grad`: per tensor input."""
     q, k, v, out, lse, *tensors = ctx.saved_tensors
     if dout is None:  # only lse was used, which carries no gradient
         dout = torch.zeros_like(out)
@@ -194,7 +203,7 @@ def _backward(ctx, dout, dlse):
         # Traced (torch.compile, FakeTensor, a dispatch mode): the op, which tracing records.
         dq, dk, dv = torch.ops.fa_gen.attention_backward.default(dout, q, k, v, out, lse, ctx.spec_key,
                                                                  ctx.deterministic, tensors, ctx.scalars)
-    input_grads = _input_gradients(ctx.spec_key, ctx.needs_input_grad[5], tensors, ctx.scalars, out, dout, lse,
+    input_grads = _input_gradients(ctx.spec_key, tensors_need_grad, tensors, ctx.scalars, out, dout, lse,
                                    k.shape[1])
     return dq, dk, dv, None, None, input_grads, no_gradient(ctx.scalars)
 
@@ -262,3 +271,30 @@ def _plain_eager(*tensors) -> bool:
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The forward op and its backward as one autograd.Function, for calls no tracer can watch
+    (_plain_eager): the same kernels and the same ctx, without torch.library's autograd wrapper
+    (flattening and checking the op's arguments and gradients costs tens of us a call on the
+    host, and a short backward's GPU waits for its launches). The spec's tensor inputs come last,
+    as arguments of their own, so that autograd tracks them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key, deterministic, scalars, *tensors):
+        out, lse = _forward(q, k, v, spec_from_key(key), tensors, scalars)
+        _setup_context(ctx, (q, k, v, key, deterministic, tensors, scalars), (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        dq, dk, dv, _, _, input_grads, _ = _gradients(ctx, dout, ctx.needs_input_grad[6:])
+        return (dq, dk, dv, None, None, None, *input_grads)
+
+
+def attention_op(q, k, v, key: str, deterministic: bool, tensors: list, scalars: list):
+    """(out, lse) of fa_gen::attention_forward, differentiable: through _EagerAttention where
+    nothing traces the call, else the custom op (torch.compile, FakeTensor, dispatch modes)."""
+    if _plain_eager(q, k, v, *tensors):
+        return _EagerAttention.apply(q, k, v, key, deterministic, tuple(scalars), *tensors)
+    return attention_forward(q, k, v, key, deterministic, tensors, scalars)

@@ -7,7 +7,7 @@ import os
 import torch
 
 from .. import autograd
-from ..autograd import _inputs_as_lists, _refuse_gradients, attention_forward, differentiable_input_names
+from ..autograd import _inputs_as_lists, _refuse_gradients, attention_op, differentiable_input_names
 from ..autograd import refuse_missing_backward, returns_lse, spec_from_key
 from ..spec import Spec
 from ..errors import UnsupportedError
@@ -55,7 +55,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
         if wanted:
             _refuse_gradients(declared, wanted, differentiable_input_names(key))
     refuse_missing_backward(key, "backward", q, k, v)
-    out, lse = attention_forward(q, k, v, key, bool(deterministic), tensors, scalars)
+    out, lse = attention_op(q, k, v, key, bool(deterministic), tensors, scalars)
     return (out, lse) if returns_lse(key) else out
 
 
