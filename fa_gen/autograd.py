@@ -179,7 +179,7 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
     ctx.mark_non_differentiable(lse)
     # No zeros made for an unused output's gradient (lse never has one; out's may be None too,
-    # which _backward handles): one allocation and one fill kernel less per backward call.
+    # which _gradients handles): one allocation and one fill kernel less per backward call.
     ctx.set_materialize_grads(False)
 
 

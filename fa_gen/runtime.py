@@ -260,16 +260,14 @@ def current_arch() -> str:
     if override:
         archs.arch_info(override)  # unknown names fail here, with the known list
         return override
-    if torch.cuda.is_initialized():
-        index = torch.cuda.current_device()
-        arch = _DEVICE_ARCHS.get(index)
-        if arch is None:
-            arch = _DEVICE_ARCHS[index] = archs.arch_for_capability(*torch.cuda.get_device_capability(index))
-        return arch
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_initialized() and not torch.cuda.is_available():
         raise UnsupportedError("no target arch", ["no CUDA device is visible; pass arch= or set FA_GEN_ARCH "
                                                   "(e.g. sm_90a) to compile without a GPU"])
-    return archs.arch_for_capability(*torch.cuda.get_device_capability())
+    index = torch.cuda.current_device()
+    arch = _DEVICE_ARCHS.get(index)
+    if arch is None:
+        arch = _DEVICE_ARCHS[index] = archs.arch_for_capability(*torch.cuda.get_device_capability(index))
+    return arch
 
 
 # Built kernels of this process, keyed by (what the caller passed, arch): the
