@@ -129,3 +129,48 @@ def test_workspace_is_padded_and_compact():
     assert semaphore.dtype == torch.int32 and semaphore.shape[2] * 32 >= 130
     assert all(t.is_contiguous() for t in (dq_accum, lse_log2, dpsum, semaphore))
     assert dq_accum.data_ptr() % 16 == 0
+
+
+def test_eager_function_hands_back_each_gradient_in_its_place(monkeypatch):
+    """Plain eager calls go through autograd._EagerAttention: with the kernels replaced by CPU
+    stand-ins, q, k and v get the backward's dq, dk, dv, a sink tensor that requires grad gets
+    the sink gradient (and one that does not, none), and the backward sees the saved out, lse,
+    inputs and deterministic flag."""
+    from fa_gen.variant.sink_grad import sink_input_gradients
+
+    batch, seqlen, heads, dim = 2, 5, 3, 64
+    seen = {}
+
+    def forward(q, k, v, spec, tensors, scalars):
+        seen["forward_inputs"] = list(tensors)
+        out = (q * 2 + 1).detach()
+        lse = torch.randn(batch, heads, seqlen, generator=torch.Generator().manual_seed(1))
+        return out, lse
+
+    class Backward:
+        def __call__(self, dout, q, k, v, out, lse, deterministic, inputs=None):
+            seen.update(dout=dout, out=out, lse=lse, deterministic=deterministic, inputs=inputs)
+            return dout * 3, k * 0 + 4, v * 0 + 5
+
+    monkeypatch.setattr(autograd, "_plain_eager", lambda *tensors: True)
+    monkeypatch.setattr(autograd, "_forward", forward)
+    monkeypatch.setattr(autograd, "build_backward", lambda spec: Backward())
+    q, k, v = (torch.randn(batch, seqlen, heads, dim, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    for sink_grad in (True, False):
+        sinks = torch.randn(heads, requires_grad=sink_grad)
+        out, lse = fa_gen.attention(q, k, v, "sink_logit", deterministic=True, inputs={"sinks": sinks})
+        assert out.grad_fn is not None and type(out.grad_fn).__name__ == "_EagerAttentionBackward"
+        assert seen["forward_inputs"][0] is sinks
+        dout = torch.randn_like(out)
+        wanted = (q, k, v, sinks) if sink_grad else (q, k, v)
+        grads = torch.autograd.grad(out, wanted, dout)
+        assert torch.equal(grads[0], dout * 3)
+        assert torch.equal(grads[1], torch.full_like(k, 4)) and torch.equal(grads[2], torch.full_like(v, 5))
+        assert torch.equal(seen["out"], out) and torch.equal(seen["lse"], lse)
+        assert seen["deterministic"] is True and seen["inputs"]["sinks"] is sinks
+        spec = resolve_spec("sink_logit")
+        if sink_grad:
+            expected = sink_input_gradients(spec, {"sinks": sinks}, {"sinks"}, out, dout, lse, seqlen)["sinks"]
+            assert grads[3].shape == sinks.shape and torch.allclose(grads[3], expected)
+        else:
+            assert sinks.grad is None
