@@ -27,7 +27,7 @@ from implementations import IMPLEMENTATIONS, Case  # noqa: E402
 from fa_gen.timing import make_input_sets  # noqa: E402
 
 
-def timeline(fn, graph, calls: int = 3) -> list[tuple[float, float, str, str]]:
+def timeline(graph, calls: int = 3) -> list[tuple[float, float, str, str]]:
     """(start us, end us, kind, name) of the last of `calls` profiled calls, from its start event."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -96,7 +96,7 @@ def main() -> None:
         window, host = plain(graph)
         print(f"== {name} {args.dtype} d{head_dim} {mask} s{seqlen}: call {window:.3f} ms (events), "
               f"autograd.grad returned after {host:.3f} ms (host)")
-        for start, end, kind, label in timeline(fn, graph):
+        for start, end, kind, label in timeline(graph):
             print(f"  {start:9.1f} {end:9.1f} {kind} {label}")
 
 
