@@ -11,14 +11,15 @@ sm80 family's varlen kinds.
 A packed (varlen) batch draws sequence b's mask as batch entry b: query and key positions are
 positions inside the sequence, as masks see them.
 
-Each probability is kept with probability 1 - p and then scaled by 1 / (1 - p); which ones are
+Each probability is kept with probability 1 - p' and then scaled by 1 / (1 - p'), p' being p
+rounded to a multiple of 1/256 (fa_gen.philox.effective_p: the mask draws a byte a score); which ones are
 kept is Philox4x32-10 of (seed, offset, batch, head, query and key position) under the mapping
 of fa_gen/philox.py, so a backward regenerates the same mask and fa_gen.reference reproduces it
 bit for bit (`attention_reference(..., dropout=Dropout(p, seed, offset))`). The LSE is the
 undropped one. p, seed and offset are runtime values: one compiled kernel serves every draw.
 
 The backward regenerates the mask from the same (p, seed, offset): dV takes the dropped,
-rescaled probabilities, dS = P * (Z * dP - D) with Z = keep / (1 - p) and D = rowsum(dO * O).
+rescaled probabilities, dS = P * (Z * dP - D) with Z = keep / (1 - p') and D = rowsum(dO * O).
 
 CUDA graphs. `seed` may also be an int64 device tensor holding (seed, offset), with offset
 None: the kernels read the pair on the device. Under stream capture the public dropout path
@@ -41,7 +42,7 @@ from .backward import Backward, _workspace
 from .errors import InputError, UnsupportedError
 from .families.warp_tiles import padded_head_dim
 from .inference import _check_varlen, _varlen_extra_arguments
-from .philox import MASK32, keep_threshold
+from .philox import drop_threshold, rescale
 from .runtime import build, current_arch, load_target
 from .spec import Spec
 from .target import resolve_target
@@ -208,12 +209,12 @@ def _check_draw(dropout_p, seed, offset) -> None:
 
 def _draw_arguments(dropout_p: float, seed, offset, device) -> tuple:
     """The kernels' dropout arguments: (seed, offset) as an int64 device tensor (`seed` itself
-    when it is one), the keep threshold, 1 / (1 - p)."""
+    when it is one), the drop threshold, 1 / (1 - p') (fa_gen.philox: p rounded to 1/256)."""
     if isinstance(seed, torch.Tensor):
         rng = seed
     else:
         rng = torch.tensor([_signed64(seed), _signed64(offset)], dtype=torch.int64, device=device)
-    return rng, keep_threshold(dropout_p) & MASK32, 1.0 / (1.0 - dropout_p)
+    return rng, drop_threshold(dropout_p), rescale(dropout_p)
 
 
 def _signed64(value: int) -> int:

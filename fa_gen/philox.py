@@ -14,22 +14,28 @@ the tests reproduce a kernel's mask bit for bit.
 
 The mask's index mapping (what a kernel must compute the same way):
     key     = (seed low 32 bits, seed high 32 bits XOR offset high 32 bits)
-    counter = ((kv_idx // 16) * 4 + (kv_idx % 8) // 2, (q_idx // 16) * 8 + q_idx % 8,
+    counter = ((kv_idx // 16) * 4 + (kv_idx % 8) // 2, (q_idx // 16) * 4 + (q_idx % 8) // 2,
                batch * heads_q + head, offset low 32 bits)
-    word    = output word 2 * ((q_idx // 8) % 2) + (kv_idx % 16) // 8 of that counter
-    value   = 16-bit half kv_idx % 2 of the word (the low half for even keys)
-    keep    = value < threshold(p),  threshold(p) = floor((1 - p) * 2^16), at most 2^16 - 1
-so one Philox call decides eight scores: rows (r, r + 8) of a 16-row group times keys
-(c, c + 1, c + 8, c + 9) of a 16-key group, c even and below 8. Those are the eight scores one
-thread holds in two neighbouring 16 x 8 accumulator blocks of mma.sync m16n8 (the sm80 forward)
-and of wgmma (the sm90 forward), whose query and key tiles start at multiples of 16. A kernel
-whose thread holds one block of the pair (the sm80 backward: keys c and c + 32) makes the call
-per block and uses half of it. q_idx / kv_idx are positions inside the sequence (varlen
-batches: per sequence, as masks see them).
+    word    = output word 2 * (q_idx % 2) + kv_idx % 2 of that counter
+    value   = byte 2 * ((q_idx // 8) % 2) + (kv_idx // 8) % 2 of the word (byte 0 the lowest)
+    keep    = value >= drop_threshold(p),  drop_threshold(p) = min(floor(256 p + 1/2), 255)
+so one Philox call decides sixteen scores: queries (q, q + 1, q + 8, q + 9) of a 16-query group
+times keys (k, k + 1, k + 8, k + 9) of a 16-key group, q and k even and below 8 in their group.
+In the m16n8 accumulator of mma.sync (the sm80 kernels) and of wgmma (the sm90 kernels) a thread
+holds rows r and r + 8 times keys c and c + 1 of each 8-key block, and lane ^ 4 holds rows r ^ 1:
+the two lanes hold one call's sixteen scores, eight each, in two words (the forward: rows of one
+parity; the sm90 backward, whose S^T has keys on rows: keys of one parity). So each lane of the
+pair makes every other call and hands the other lane its half with one shuffle (the forward: two
+words; the sm90 backward: the decisions, as bits): one call per sixteen of a thread's scores. q_idx / kv_idx are positions inside the sequence (varlen batches:
+per sequence, as masks see them).
 
-Sixteen bits a score, not 32: Philox-10 is about 40 integer instructions per call, and at one
-call per four scores it cost the sm90 forward two thirds of its speed (H100, 391b14f,
-bench/bench_dropout.py); p is then resolved to 2^-16, finer than FlashAttention-2's 2^-8.
+Eight bits a score: Philox-10 is about 40 integer instructions per call (20 of them 64-bit
+multiplies), and at one call per eight scores (16-bit values) the multiplies stalled the sm90
+forward at dispatch (ncu: tensor pipe 80% -> 43% at p = 0.1, H100, 882ac40). With eight bits p
+is resolved to 1/256, as FlashAttention-2's uint8 threshold resolves it; the kept probabilities
+are scaled by 1 / (1 - p') with p' = drop_threshold(p) / 256, the drop rate the mask really
+has, so the output stays unbiased (FlashAttention-2 rounds its threshold and still scales by
+1 / (1 - p)).
 """
 
 from __future__ import annotations
@@ -39,7 +45,6 @@ from dataclasses import dataclass
 import torch
 
 MASK32 = 0xFFFFFFFF
-MASK16 = 0xFFFF
 # Multipliers and key increments of Philox4x32 (Random123's PHILOX_M4x32_0/1, PHILOX_W32_0/1).
 M0, M1 = 0xD2511F53, 0xCD9E8D57
 W0, W1 = 0x9E3779B9, 0xBB67AE85
@@ -73,12 +78,22 @@ def philox4x32(counter: torch.Tensor, key: torch.Tensor, rounds: int = ROUNDS) -
     return torch.stack(torch.broadcast_tensors(*c), dim=-1)
 
 
-def keep_threshold(p: float) -> int:
-    """16-bit values below this are kept: floor((1 - p) * 2^16), at most 2^16 - 1 (p = 0 keeps
-    all but a 2^-16 sliver; callers skip the mask entirely at p = 0)."""
+def drop_threshold(p: float) -> int:
+    """Bytes at or above this are kept: floor(256 p + 1/2), at most 255 (so p = 0 keeps all and
+    p near 1 keeps 1/256; callers skip the mask entirely at p = 0)."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1); got {p!r}")
-    return min(int((1.0 - p) * 2.0 ** 16), MASK16)
+    return min(int(256.0 * p + 0.5), 255)
+
+
+def effective_p(p: float) -> float:
+    """The drop rate the mask has for dropout probability p: p rounded to a multiple of 1/256."""
+    return drop_threshold(p) / 256.0
+
+
+def rescale(p: float) -> float:
+    """What a kept probability is multiplied by: 1 / (1 - effective_p(p)), exact in float32."""
+    return 256.0 / (256 - drop_threshold(p))
 
 
 def dropout_keep(seed: int, offset: int, batch, head, heads_q: int, q_idx, kv_idx, p: float) -> torch.Tensor:
@@ -87,15 +102,15 @@ def dropout_keep(seed: int, offset: int, batch, head, heads_q: int, q_idx, kv_id
     docstring for the mapping."""
     tensors = torch.broadcast_tensors(*(torch.as_tensor(x, dtype=torch.int64) for x in (batch, head, q_idx, kv_idx)))
     batch, head, q_idx, kv_idx = tensors
-    row_group = (q_idx // 16) * 8 + q_idx % 8
-    key_group = (kv_idx // 16) * 4 + (kv_idx % 8) // 2
-    counter = torch.stack([key_group, row_group, batch * heads_q + head, torch.full_like(q_idx, offset & MASK32)], -1)
+    query_set = (q_idx // 16) * 4 + (q_idx % 8) // 2
+    key_set = (kv_idx // 16) * 4 + (kv_idx % 8) // 2
+    counter = torch.stack([key_set, query_set, batch * heads_q + head, torch.full_like(q_idx, offset & MASK32)], -1)
     key = torch.tensor([seed & MASK32, ((seed >> 32) ^ (offset >> 32)) & MASK32], dtype=torch.int64,
                        device=q_idx.device)
     words = philox4x32(counter, key)
-    word = torch.gather(words, -1, (2 * ((q_idx // 8) % 2) + (kv_idx % 16) // 8).unsqueeze(-1)).squeeze(-1)
-    value = (word >> (16 * (kv_idx % 2))) & MASK16
-    return value < keep_threshold(p)
+    word = torch.gather(words, -1, (2 * (q_idx % 2) + kv_idx % 2).unsqueeze(-1)).squeeze(-1)
+    value = (word >> (8 * (2 * ((q_idx // 8) % 2) + (kv_idx // 8) % 2))) & 0xFF
+    return value >= drop_threshold(p)
 
 
 @dataclass(frozen=True)
@@ -111,10 +126,10 @@ class Dropout:
 
     def scale(self, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, device=None,
               dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """(batch, heads_q, seqlen_q, seqlen_k): keep / (1 - p), what multiplies the softmax
-        probabilities before P @ V (the LSE is the undropped one)."""
+        """(batch, heads_q, seqlen_q, seqlen_k): keep / (1 - p') (p' = effective_p(p)), what
+        multiplies the softmax probabilities before P @ V (the LSE is the undropped one)."""
         index = [torch.arange(n, device=device).view(*[-1 if i == axis else 1 for i in range(4)])
                  for axis, n in enumerate((batch, heads_q, seqlen_q, seqlen_k))]
         keep = dropout_keep(self.seed, self.offset, index[0] + self.first_batch, index[1], heads_q, index[2],
                             index[3], self.p)
-        return keep.to(dtype) / (1.0 - self.p)
+        return keep.to(dtype) * rescale(self.p)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from fa_gen.philox import MASK32, _mulhilo, dropout_keep, keep_threshold, philox4x32
+from fa_gen.philox import MASK32, _mulhilo, drop_threshold, dropout_keep, effective_p, philox4x32, rescale
 
 # Random123 tests/kat_vectors: rounds, counter[4], key[2] -> output[4].
 KNOWN_ANSWERS = [
@@ -55,20 +55,28 @@ def test_keep_mask_mapping_and_rate():
     q = torch.arange(64).view(-1, 1)
     k = torch.arange(256).view(1, -1)
     keep = dropout_keep(seed=1234, offset=8, batch=1, head=3, heads_q=8, q_idx=q, kv_idx=k, p=0.25)
-    # One Philox call per 2 x 4 block of rows (r, r + 8) and keys (c, c + 1, c + 8, c + 9), 16 bits
-    # a score, written out element by element here: two neighbouring m16n8 fragment blocks.
+    # One Philox call per 4 x 4 block of queries (q, q + 1, q + 8, q + 9) and keys (k, k + 1,
+    # k + 8, k + 9), a byte a score, written out element by element here.
     key = torch.tensor([1234, 0])
-    for row in (0, 5, 8, 13, 16, 23, 40, 63):
+    for row in (0, 1, 5, 8, 9, 13, 16, 23, 40, 63):
         for col in (0, 1, 2, 7, 8, 9, 15, 100, 255):
-            counter = torch.tensor([col // 16 * 4 + col % 8 // 2, (row // 16) * 8 + row % 8, 1 * 8 + 3, 8])
-            word = philox4x32(counter, key)[2 * ((row // 8) % 2) + col % 16 // 8].item()
-            value = (word >> (16 * (col % 2))) & 0xFFFF
-            assert keep[row, col].item() == (value < keep_threshold(0.25)), (row, col)
-    # Rows r and r + 8 of a 16-row group, keys c, c + 1, c + 8, c + 9: the eight halves of one call.
-    block = dropout_keep(1234, 8, 1, 3, 8, torch.tensor([[16 + 3], [16 + 11]]), torch.tensor([[36, 37, 44, 45]]), 0.25)
-    words = philox4x32(torch.tensor([2 * 4 + 2, 8 + 3, 11, 8]), key)
-    halves = torch.stack([words & 0xFFFF, words >> 16], -1).reshape(2, 4)
-    assert torch.equal(block, halves < keep_threshold(0.25))
+            counter = torch.tensor([col // 16 * 4 + col % 8 // 2, row // 16 * 4 + row % 8 // 2, 1 * 8 + 3, 8])
+            word = philox4x32(counter, key)[2 * (row % 2) + col % 2].item()
+            value = (word >> (8 * (2 * (row // 8 % 2) + col // 8 % 2))) & 0xFF
+            assert keep[row, col].item() == (value >= drop_threshold(0.25)), (row, col)
+    # Queries 18, 19, 26, 27 times keys 36, 37, 44, 45: the sixteen bytes of one call.
+    block = dropout_keep(1234, 8, 1, 3, 8, torch.tensor([[18], [19], [26], [27]]), torch.tensor([[36, 37, 44, 45]]),
+                         0.25)
+    words = philox4x32(torch.tensor([2 * 4 + 2, 4 + 1, 11, 8]), key)
+    byte = torch.stack([(words >> (8 * b)) & 0xFF for b in range(4)], -1)   # [word, byte]
+    expected = torch.empty(4, 4, dtype=torch.bool)
+    for i, row in enumerate((18, 19, 26, 27)):
+        for j, col in enumerate((36, 37, 44, 45)):
+            expected[i, j] = byte[2 * (row % 2) + col % 2, 2 * (row // 8 % 2) + col // 8 % 2] >= 64
+    assert torch.equal(block, expected)
+    # The call's four words hold sixteen different bytes: no score shares another's.
+    assert sorted((2 * (r % 2) + c % 2, 2 * (r // 8 % 2) + c // 8 % 2) for r in (18, 19, 26, 27)
+                  for c in (36, 37, 44, 45)) == [(w, b) for w in range(4) for b in range(4)]
     # 16384 Bernoulli(0.75) draws: the kept share within 5 standard deviations of 0.75.
     assert abs(keep.double().mean().item() - 0.75) < 5 * (0.75 * 0.25 / keep.numel()) ** 0.5
     # Same state, same mask; another offset, seed or head, another mask.
@@ -79,13 +87,21 @@ def test_keep_mask_mapping_and_rate():
         assert not torch.equal(keep, other)
 
 
-def test_threshold():
-    assert keep_threshold(0.0) == 0xFFFF
-    assert keep_threshold(0.5) == 1 << 15
-    assert keep_threshold(0.1) == 58982  # floor(0.9 * 65536)
+def test_threshold_and_rescale():
+    """p is rounded to the nearest multiple of 1/256 (the mask draws a byte a score), at most
+    255/256; the rescale is 1 / (1 - p') for that p'."""
+    assert drop_threshold(0.0) == 0 and rescale(0.0) == 1.0
+    assert drop_threshold(0.5) == 128 and rescale(0.5) == 2.0
+    assert drop_threshold(0.25) == 64 and effective_p(0.25) == 0.25
+    assert drop_threshold(0.1) == 26 and rescale(0.1) == 256 / 230  # round(25.6)
+    assert drop_threshold(1 / 512 - 1e-9) == 0 and drop_threshold(1 / 512) == 1
+    assert drop_threshold(0.999) == 255 and rescale(0.999) == 256.0
+    for p in (0.01, 0.1, 0.3, 0.9):
+        assert abs(effective_p(p) - p) <= 1 / 512
+        assert abs(rescale(p) * (1 - effective_p(p)) - 1) < 1e-15
     for p in (-0.1, 1.0, 1.5):
         with pytest.raises(ValueError):
-            keep_threshold(p)
+            drop_threshold(p)
 
 
 def test_reference_dropout_is_the_mask_times_the_probabilities():
@@ -106,7 +122,7 @@ def test_reference_dropout_is_the_mask_times_the_probabilities():
     index = torch.arange(37)
     keep = dropout_keep(77, 12, torch.arange(2).view(2, 1, 1, 1), torch.arange(4).view(1, 4, 1, 1), 4,
                         index.view(1, 1, 37, 1), index.view(1, 1, 1, 37), 0.3)
-    expected = torch.einsum("bhqk,bkhd->bqhd", probs * keep / 0.7, v)
+    expected = torch.einsum("bhqk,bkhd->bqhd", probs * keep * rescale(0.3), v)
     assert torch.allclose(out, expected, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(out, plain_out)
     # p = 0 is no dropout at all.
