@@ -10,7 +10,9 @@ processing kernels included. (An NVTX range did not do for the backward: ranges 
 thread that pushes them, and autograd launches the backward's kernels from its own thread, so
 session 10's backward profiles came back empty.) Reports land in DIR as
 CSV (ncu --page details) plus one summary line per kernel on stdout: duration, tensor-pipe and
-issue-slot use, DRAM throughput, the top warp stall reasons.
+issue-slot use, DRAM throughput, the top warp stall reasons. --pipes adds a second ncu run per
+(cell, implementation) with the per-pipe instruction shares (ALU, FMA, FMA-heavy, FP16, XU,
+uniform), each % of its peak: which pipe a kernel's element math fills.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ STALLS = ("barrier", "long_scoreboard", "short_scoreboard", "wait", "math_pipe_t
 METRICS = ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
            "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
            *(f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS))
+
+# Per-pipe issue shares (--pipes), in a run of their own: a metric this ncu lacks loses only them.
+PIPES = tuple(f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_active"
+              for p in ("alu", "fma", "fmaheavy", "fp16", "xu", "uniform"))
 
 
 def parse_cell(text: str):
@@ -93,7 +99,7 @@ def _fa_gen_dropout(case):
     return lambda q, k, v: attention(q, k, v, spec, dropout_p=0.1)
 
 
-def profile(cell: str, impl: str, out: Path) -> None:
+def profile(cell: str, impl: str, out: Path, pipes: bool = False) -> None:
     name = f"{cell}-{impl}".replace(":", "_")
     base = ["ncu", "--profile-from-start", "off", "--csv", "--page", "details",
             *[f"--section={s}" for s in SECTIONS]]
@@ -108,6 +114,12 @@ def profile(cell: str, impl: str, out: Path) -> None:
         return
     for line in summarize(result.stdout):
         print(f"{name}: {line}", flush=True)
+    if pipes:
+        result = subprocess.run(["ncu", "--profile-from-start", "off", "--csv", "--page", "raw", "--metrics",
+                                 ",".join(PIPES), *script], capture_output=True, text=True)
+        (out / f"{name}-pipes.csv").write_text(result.stdout)
+        for line in pipe_shares(result.stdout):
+            print(f"{name}: {line}", flush=True)
 
 
 def summarize(text: str) -> list[str]:
@@ -131,6 +143,20 @@ def summarize(text: str) -> list[str]:
     return lines
 
 
+def pipe_shares(text: str) -> list[str]:
+    """One line per kernel of an ncu --page raw CSV of PIPES: each pipe's share of its peak."""
+    rows = list(csv.reader(io.StringIO(text[text.find('"ID"'):])))
+    if len(rows) < 3:
+        return [f"pipes: no metrics ({text.strip().splitlines()[-1:] if text.strip() else 'empty'})"]
+    header, rows = rows[0], rows[2:]   # the second row holds the units
+    lines = []
+    for row in rows:
+        record = dict(zip(header, row))
+        parts = [f"{m.split('pipe_')[1].split('.')[0]}={record[m]}" for m in PIPES if m in record]
+        lines.append(f"#{record.get('ID')} {record.get('Kernel Name', '')[:40]} pipes% " + " ".join(parts))
+    return lines
+
+
 def _number(text: str) -> float:
     try:
         return float(text.replace(",", ""))
@@ -145,6 +171,7 @@ def main() -> int:
     parser.add_argument("--ncu", action="store_true", help="profile each (cell, impl) under ncu")
     parser.add_argument("--out", default="/tmp/profile_cells")
     parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--pipes", action="store_true", help="with --ncu: per-pipe instruction shares too")
     parser.add_argument("--run", nargs=2, metavar=("CELL", "IMPL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -156,7 +183,7 @@ def main() -> int:
         parse_cell(cell)
         for impl in args.impls.split(","):
             if args.ncu:
-                profile(cell, impl, out)
+                profile(cell, impl, out, args.pipes)
             else:
                 run_cell(cell, impl, args.launches)
     return 0

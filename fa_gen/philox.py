@@ -16,17 +16,20 @@ The mask's index mapping (what a kernel must compute the same way):
     key     = (seed low 32 bits, seed high 32 bits XOR offset high 32 bits)
     counter = ((kv_idx // 16) * 4 + (kv_idx % 8) // 2, (q_idx // 16) * 4 + (q_idx % 8) // 2,
                batch * heads_q + head, offset low 32 bits)
-    word    = output word 2 * (q_idx % 2) + kv_idx % 2 of that counter
-    value   = byte 2 * ((q_idx // 8) % 2) + (kv_idx // 8) % 2 of the word (byte 0 the lowest)
+    word    = output word 2 * (q_idx % 2) + (kv_idx // 8) % 2 of that counter
+    value   = byte 2 * (kv_idx % 2) + (q_idx // 8) % 2 of the word (byte 0 the lowest)
     keep    = value >= drop_threshold(p),  drop_threshold(p) = min(floor(256 p + 1/2), 255)
 so one Philox call decides sixteen scores: queries (q, q + 1, q + 8, q + 9) of a 16-query group
 times keys (k, k + 1, k + 8, k + 9) of a 16-key group, q and k even and below 8 in their group.
 In the m16n8 accumulator of mma.sync (the sm80 kernels) and of wgmma (the sm90 kernels) a thread
 holds rows r and r + 8 times keys c and c + 1 of each 8-key block, and lane ^ 4 holds rows r ^ 1:
-the two lanes hold one call's sixteen scores, eight each, in two words (the forward: rows of one
-parity; the sm90 backward, whose S^T has keys on rows: keys of one parity). So each lane of the
-pair makes every other call and hands the other lane its half with one shuffle (the forward: two
-words; the sm90 backward: the decisions, as bits): one call per sixteen of a thread's scores. q_idx / kv_idx are positions inside the sequence (varlen batches:
+the two lanes hold one call's sixteen scores, eight each (the forwards: rows of one parity, in
+two words; the sm90 backward, whose S^T has keys on rows: keys of one parity, in two bytes of
+each word). So each lane of the pair makes every other call and hands the other lane its half
+with one shuffle (the forward: two words; the sm90 backward: the decisions, as bits): one call
+per sixteen of a thread's scores. A word's low and high 16 bits hold keys k and k + 1 of one
+query: the two probabilities of one packed 16-bit register of P, which the sm90 forward drops
+with one byte permute, one packed compare and one AND (templates/common/dropout.j2). q_idx / kv_idx are positions inside the sequence (varlen batches:
 per sequence, as masks see them).
 
 Eight bits a score: Philox-10 is about 40 integer instructions per call (20 of them 64-bit
@@ -108,8 +111,8 @@ def dropout_keep(seed: int, offset: int, batch, head, heads_q: int, q_idx, kv_id
     key = torch.tensor([seed & MASK32, ((seed >> 32) ^ (offset >> 32)) & MASK32], dtype=torch.int64,
                        device=q_idx.device)
     words = philox4x32(counter, key)
-    word = torch.gather(words, -1, (2 * (q_idx % 2) + kv_idx % 2).unsqueeze(-1)).squeeze(-1)
-    value = (word >> (8 * (2 * ((q_idx // 8) % 2) + (kv_idx // 8) % 2))) & 0xFF
+    word = torch.gather(words, -1, (2 * (q_idx % 2) + (kv_idx // 8) % 2).unsqueeze(-1)).squeeze(-1)
+    value = (word >> (8 * (2 * (kv_idx % 2) + (q_idx // 8) % 2))) & 0xFF
     return value >= drop_threshold(p)
 
 

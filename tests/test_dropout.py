@@ -23,8 +23,11 @@ def test_dropout_kinds_compile(tmp_path, monkeypatch, arch, kind, marker):
     from fa_gen.backends.cute_dsl import compile_to_object
 
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
-    # A plain mask; on sm_90a also a mask expression (listed tiles) and a score mod (its derivative).
-    for name in ("causal_bf16_d128",) + (("chunked_causal", "softcap") if arch == "sm_90a" else ()):
+    # A plain mask; on sm_90a also a mask expression (listed tiles) and a score mod (its derivative),
+    # and the forwards at d256, whose tile runs without ping-pong: the fp32 dropout path there,
+    # P's 16-bit pairs (dropout_pairs) at d128.
+    wide = ("full_bf16_d256",) if arch == "sm_90a" and kind.startswith("forward") else ()
+    for name in ("causal_bf16_d128",) + (("chunked_causal", "softcap") if arch == "sm_90a" else ()) + wide:
         spec = resolve_spec(name)
         target = resolve_target(spec, arch, kind)
         # Hopper's own dropout forwards (TMA, wgmma; its varlen one takes no mask expression) and
@@ -36,6 +39,8 @@ def test_dropout_kinds_compile(tmp_path, monkeypatch, arch, kind, marker):
         expected = marker
         if hopper and kind == "backward_dropout":
             expected = "apply_keep_bits(acc_S_qk, keep, ops.rp_dropout)"
+        if hopper and kind.startswith("forward") and spec.head_dim_qk <= 128:
+            expected = "dropout_pairs(cute.recast_tensor(ops.tOrP, cutlass.Uint32)"
         assert "def philox4x32(" in text and expected in text
         path = tmp_path / f"{name}.o"
         compile_to_object(text, arch, path, label=name)

@@ -61,8 +61,8 @@ def test_keep_mask_mapping_and_rate():
     for row in (0, 1, 5, 8, 9, 13, 16, 23, 40, 63):
         for col in (0, 1, 2, 7, 8, 9, 15, 100, 255):
             counter = torch.tensor([col // 16 * 4 + col % 8 // 2, row // 16 * 4 + row % 8 // 2, 1 * 8 + 3, 8])
-            word = philox4x32(counter, key)[2 * (row % 2) + col % 2].item()
-            value = (word >> (8 * (2 * (row // 8 % 2) + col // 8 % 2))) & 0xFF
+            word = philox4x32(counter, key)[2 * (row % 2) + col // 8 % 2].item()
+            value = (word >> (8 * (2 * (col % 2) + row // 8 % 2))) & 0xFF
             assert keep[row, col].item() == (value >= drop_threshold(0.25)), (row, col)
     # Queries 18, 19, 26, 27 times keys 36, 37, 44, 45: the sixteen bytes of one call.
     block = dropout_keep(1234, 8, 1, 3, 8, torch.tensor([[18], [19], [26], [27]]), torch.tensor([[36, 37, 44, 45]]),
@@ -72,10 +72,10 @@ def test_keep_mask_mapping_and_rate():
     expected = torch.empty(4, 4, dtype=torch.bool)
     for i, row in enumerate((18, 19, 26, 27)):
         for j, col in enumerate((36, 37, 44, 45)):
-            expected[i, j] = byte[2 * (row % 2) + col % 2, 2 * (row // 8 % 2) + col // 8 % 2] >= 64
+            expected[i, j] = byte[2 * (row % 2) + col // 8 % 2, 2 * (col % 2) + row // 8 % 2] >= 64
     assert torch.equal(block, expected)
     # The call's four words hold sixteen different bytes: no score shares another's.
-    assert sorted((2 * (r % 2) + c % 2, 2 * (r // 8 % 2) + c // 8 % 2) for r in (18, 19, 26, 27)
+    assert sorted((2 * (r % 2) + c // 8 % 2, 2 * (c % 2) + r // 8 % 2) for r in (18, 19, 26, 27)
                   for c in (36, 37, 44, 45)) == [(w, b) for w in range(4) for b in range(4)]
     # 16384 Bernoulli(0.75) draws: the kept share within 5 standard deviations of 0.75.
     assert abs(keep.double().mean().item() - 0.75) < 5 * (0.75 * 0.25 / keep.numel()) ** 0.5
