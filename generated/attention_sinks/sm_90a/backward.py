@@ -851,7 +851,8 @@ class FlashAttentionBackward:
 
     @cute.jit
     def epilogue(self, ops: Operands, work: Operands, mdK, mdV, smem: Operands, tma_atom_dK, tma_atom_dV):
-        """dK (scaled) and dV in the input dtype through sK and sV, stored by TMA."""
+        """dK (scaled) and dV in the input dtype through sK and sV, stored by TMA. With dropout, dV
+        takes 1 / (1 - p') here: its GEMM summed the kept probabilities unscaled."""
         # Both warpgroups are done reading sK and sV.
         cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=MMA_THREADS)
         for acc, mma, sX, scale in ((ops.acc_dK, make_mma_dk(), smem.sK, SOFTMAX_SCALE),
