@@ -28,8 +28,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Spec | st
     inputs: name -> tensor or number for the spec's declared inputs. Float tensors read by the
     sink expression alone may require grad (they get one); any other that does is an error.
     dropout_p: attention dropout (fa_gen.api.dropout): each probability dropped with probability
-    p, the kept ones scaled by 1 / (1 - p), the mask drawn from PyTorch's CUDA generator; eager
-    calls only, gradients to q, k and v.
+    p' (p rounded to a multiple of 1/256: the mask draws a byte a probability), the kept ones
+    scaled by 1 / (1 - p'), the mask drawn from PyTorch's CUDA generator; eager calls only,
+    gradients to q, k and v.
     """
     # A Spec's key is a field read (a constant under torch.compile); passing the Spec object to
     # spec_key would make torch.compile reconstruct it, which torch 2.11 cannot do.
