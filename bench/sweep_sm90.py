@@ -148,6 +148,7 @@ def main() -> None:
         print(name, json.dumps(anchors[name]), flush=True)
 
     out = Path(args.out) / "sweep_sm90.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "dtype": args.dtype,
                                "candidates": rows, "anchors": anchors}, indent=1))
     print(f"wrote {out}")

@@ -136,6 +136,12 @@ _DEFAULT_TILES = {
 #   d64  128x128 pp 209/287/333/356 against the long tile 192x128 187/260/351/381 (cuDNN 212/291/312/360);
 #   d256 128x80, one CTA per tile, 262/413/-/506 against the persistent 234/340/-/533 (cuDNN 268/384/-/471).
 # d128 (128x128) had no short-sequence winner (persistent or not: within run-to-run spread).
+# Non-causal has none either (H100, 2026-11-26, `python bench/sweep_sm90.py`, logs
+# bench/results/logs/2026-11-26-a7528fd-s14c5 and -s14c6; TFLOP/s at 512 / 1k / 2k):
+#   d64  192x128 pp 270/337/440 against 128x128 pp 242/300/405, 128x176 258/329/388 (cuDNN 269/344/392);
+#   d256 128x80 314/470/601 against 128x64 303/464/577, 128x48, 128x64 pp (cuDNN 259/454/541, FA4 309/464/597).
+# The d64 causal short tile holds: 128x128 pp 150/210 at 512 / 1k against 192x128 144/211, 128x64,
+# 128x176, 128x128 one CTA per tile (cuDNN 139/202).
 @dataclass(frozen=True)
 class ShortTiles:
     max_seqlen: int
