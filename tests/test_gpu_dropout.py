@@ -135,6 +135,40 @@ def test_dropout_backward_matches_reference(data, seed, offset):
         assert torch.isfinite(x).all() and err <= tol, f"{spec.name} p={p} {name}: {err:.3e} > {tol:.3e}"
 
 
+# Each way a kernel applies the mask, pinned (the hypothesis draws above may miss one): the sm90
+# forward's 16-bit pairs (d128, ping-pong) and its fp32 path with a last 16-key group that has
+# no partner (d256: 80-key tiles, five groups), the sm80 forward; the sm90 backward's keep bits
+# (d128) and the sm80 backward's factors (d256, whose Hopper backward is the sm80 one, and d128
+# forced onto sm80).
+PATHS = [("full_bf16_d128", None, None), ("full_bf16_d256", None, None), ("causal_bf16_d128", "sm80", "sm80"),
+         ("causal_fp16_d64", None, None)]
+
+
+@pytest.mark.parametrize("name,forward_family,backward_family", PATHS)
+def test_every_mask_path_matches_reference(name, forward_family, backward_family):
+    spec = resolve_spec(name)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = _draw(spec, g, 2, 77, 203, 6, 2)
+    dout = torch.randn(q.shape[:3] + (spec.head_dim_v,), generator=g, device="cuda").to(q.dtype)
+    seed, offset, p = 0x5EED5EED1234, 3 << 20, 0.3
+    out, lse = forward_dropout(spec, q, k, v, p, seed, offset, family=forward_family)
+    drop = Dropout(p, seed, offset)
+    ref, _ = attention_reference(q, k, v, spec, dropout=drop)
+    same = attention_same_precision(q, k, v, spec, dropout=drop)
+    tol = 2 * (same.double() - ref).abs().max().item() + _rounding_floor(ref, q.dtype)
+    err = (out.double() - ref).abs().max().item()
+    assert torch.isfinite(out).all() and err <= tol, f"{name} out: {err:.3e} > {tol:.3e}"
+    got = backward_dropout(spec, dout, q, k, v, out, lse, p, seed, offset, family=backward_family)
+    ref_grads = _autograd(lambda *t: attention_reference(*t, spec, dropout=drop)[0],
+                          (q.double(), k.double(), v.double()), dout.double())
+    same_grads = _autograd(lambda *t: attention_same_precision(*t, spec, dropout=drop), (q, k, v), dout)
+    rounded_o = _rounded_o_effect(q, k, v, dout, spec, None, dropout=drop)
+    for grad, x, r, pt in zip(("dq", "dk", "dv"), got, ref_grads, same_grads):
+        tol = 2 * _max_abs(pt.double() - r) + two_roundings(r, q.dtype) + rounded_o[grad]
+        err = _max_abs(x.double() - r)
+        assert torch.isfinite(x).all() and err <= tol, f"{name} {grad}: {err:.3e} > {tol:.3e}"
+
+
 def test_varlen_dropout_per_sequence():
     """A packed batch (one sequence empty): every sequence's output and gradients against the
     reference of that sequence alone, its mask drawn as batch entry b."""
