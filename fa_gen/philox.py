@@ -29,8 +29,8 @@ each word). So each lane of the pair makes every other call and hands the other 
 with one shuffle (the forward: two words; the sm90 backward: the decisions, as bits): one call
 per sixteen of a thread's scores. A word's low and high 16 bits hold keys k and k + 1 of one
 query: the two probabilities of one packed 16-bit register of P, which the sm90 forward drops
-with one byte permute, one packed compare and one AND (templates/common/dropout.j2). q_idx / kv_idx are positions inside the sequence (varlen batches:
-per sequence, as masks see them).
+with one byte permute, one packed compare and one AND (templates/common/dropout.j2). q_idx and
+kv_idx are positions inside the sequence (varlen batches: per sequence, as masks see them).
 
 Eight bits a score: Philox-10 is about 40 integer instructions per call (20 of them 64-bit
 multiplies), and at one call per eight scores (16-bit values) the multiplies stalled the sm90
@@ -95,7 +95,7 @@ def effective_p(p: float) -> float:
 
 
 def rescale(p: float) -> float:
-    """What a kept probability is multiplied by: 1 / (1 - effective_p(p)), exact in float32."""
+    """What a kept probability is multiplied by: 1 / (1 - effective_p(p))."""
     return 256.0 / (256 - drop_threshold(p))
 
 
