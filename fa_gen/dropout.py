@@ -12,8 +12,8 @@ A packed (varlen) batch draws sequence b's mask as batch entry b: query and key 
 positions inside the sequence, as masks see them.
 
 Each probability is kept with probability 1 - p' and then scaled by 1 / (1 - p'), p' being p
-rounded to a multiple of 1/256 (fa_gen.philox.effective_p: the mask draws a byte a score); which ones are
-kept is Philox4x32-10 of (seed, offset, batch, head, query and key position) under the mapping
+rounded to a multiple of 1/256 (fa_gen.philox.effective_p: the mask draws a byte a score);
+which ones are kept is Philox4x32-10 of (seed, offset, batch, head, query and key position) under the mapping
 of fa_gen/philox.py, so a backward regenerates the same mask and fa_gen.reference reproduces it
 bit for bit (`attention_reference(..., dropout=Dropout(p, seed, offset))`). The LSE is the
 undropped one. p, seed and offset are runtime values: one compiled kernel serves every draw.
