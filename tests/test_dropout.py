@@ -24,21 +24,24 @@ def test_dropout_kinds_compile(tmp_path, monkeypatch, arch, kind, marker):
 
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
     # A plain mask; on sm_90a also a mask expression (listed tiles) and a score mod (its derivative),
-    # and the forwards at d256, whose tile runs without ping-pong: the fp32 dropout path there,
-    # P's 16-bit pairs (dropout_pairs) at d128.
-    wide = ("full_bf16_d256",) if arch == "sm_90a" and kind.startswith("forward") else ()
+    # and d256: the forwards' tile runs without ping-pong there (the fp32 dropout path; P's 16-bit
+    # pairs, dropout_pairs, at d128), the backward in the wide layout.
+    wide = ("full_bf16_d256",) if arch == "sm_90a" and kind in ("forward_dropout", "forward_varlen_dropout",
+                                                                 "backward_dropout") else ()
     for name in ("causal_bf16_d128",) + (("chunked_causal", "softcap") if arch == "sm_90a" else ()) + wide:
         spec = resolve_spec(name)
         target = resolve_target(spec, arch, kind)
         # Hopper's own dropout forwards (TMA, wgmma; its varlen one takes no mask expression) and
-        # fixed-length backward (its narrow layout: d128 here); the sm80 kernels for the rest.
+        # fixed-length backward (narrow layout at d128, wide at d256); the sm80 kernels for the rest.
         hopper = arch == "sm_90a" and kind in ("forward_dropout", "backward_dropout") or (
             arch == "sm_90a" and kind == "forward_varlen_dropout" and spec.mask_expr is None)
         assert target.family.name == ("sm90" if hopper else "sm80")
         text = render_target(target).text
         expected = marker
         if hopper and kind == "backward_dropout":
-            expected = "apply_keep_bits(acc_S_qk, keep)"
+            # The wide layout (d256) drops P on its way to shared memory.
+            expected = ("store_scores(ops, acc_S, ops.tPsP[None, None, None, stage], keep)" if spec.head_dim_qk > 128
+                        else "apply_keep_bits(acc_S_qk, keep)")
         if hopper and kind.startswith("forward") and spec.head_dim_qk <= 128:
             expected = "dropout_pairs(cute.recast_tensor(ops.tOrP, cutlass.Uint32)"
         assert "def philox4x32(" in text and expected in text

@@ -138,15 +138,16 @@ def test_dropout_backward_matches_reference(data, seed, offset):
 # Each way a kernel applies the mask, pinned (the hypothesis draws above may miss one): the sm90
 # forward's 16-bit pairs (d128, ping-pong) and its fp32 path with a last 16-key group that has
 # no partner (d256: 80-key tiles, five groups), the sm80 forward; the sm90 backward's keep bits
-# (d128) and the sm80 backward's factors (d256, whose Hopper backward is the sm80 one, and d128
-# forced onto sm80).
+# in registers (narrow layout, d128) and on P's way to shared memory (wide layout, d256, full
+# and causal), and the sm80 backward's factors (d256 and d128 forced onto sm80).
 PATHS = [("full_bf16_d128", None, None), ("full_bf16_d256", None, None), ("causal_bf16_d128", "sm80", "sm80"),
-         ("causal_fp16_d64", None, None)]
+         ("causal_fp16_d64", None, None), ("full_bf16_d256", None, "sm80"), ("drop_causal_d256", None, None)]
+EXTRA_SPECS = {"drop_causal_d256": {"name": "drop_causal_d256", "dtype": "bf16", "head_dim": 256, "mask": "causal"}}
 
 
 @pytest.mark.parametrize("name,forward_family,backward_family", PATHS)
 def test_every_mask_path_matches_reference(name, forward_family, backward_family):
-    spec = resolve_spec(name)
+    spec = load_spec(EXTRA_SPECS[name]) if name in EXTRA_SPECS else resolve_spec(name)
     g = torch.Generator(device="cuda").manual_seed(11)
     q, k, v = _draw(spec, g, 2, 77, 203, 6, 2)
     dout = torch.randn(q.shape[:3] + (spec.head_dim_v,), generator=g, device="cuda").to(q.dtype)

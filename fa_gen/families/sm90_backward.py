@@ -178,15 +178,17 @@ def backward_reasons(spec: Spec, arch: str) -> list[str]:
 
 def dropout_reasons(spec: Spec, arch: str) -> list[str]:
     """Why the backward_dropout kind is not this template's for `spec` (the sm80 family's serves
-    it): it regenerates the mask in the narrow layout's keys-major S^T, on the lean schedule,
-    where dV's GEMM comes after dS (it takes the dropped P, dS the undropped one)."""
+    it): it regenerates the mask in keys-major S^T (the narrow layout, on the lean schedule,
+    where dV's GEMM comes after dS: it takes the dropped P, dS the undropped one; the wide
+    layout, where P goes to shared memory dropped while dS takes the undropped P from
+    registers), in pairs of 16-query groups a warpgroup."""
     reasons = backward_reasons(spec, arch)
     if reasons:
         return reasons
     cfg = backward_tile_config(spec, arch)
-    if cfg.wide or cfg.keys_on_n or cfg.tile_m % 64:
-        return ["backward with dropout: the Hopper kernel regenerates the mask in the narrow layout only (tiles "
-                f"here: {'wide' if cfg.wide else 'keys on N' if cfg.keys_on_n else f'tile_m {cfg.tile_m}'})"]
+    if cfg.keys_on_n or cfg.tile_m % 64:
+        return ["backward with dropout: the Hopper kernel regenerates the mask in keys-major scores only (tiles "
+                f"here: {'keys on N' if cfg.keys_on_n else f'tile_m {cfg.tile_m}'})"]
     return []
 
 
@@ -196,7 +198,7 @@ def kind_context(spec: Spec, arch: str, dropout: bool = False) -> dict:
     problems = dropout_reasons(spec, arch) if dropout else backward_reasons(spec, arch)
     assert not problems, problems  # backward_family and kernel_files refuse these first
     cfg = backward_tile_config(spec, arch)
-    if dropout:
+    if dropout and not cfg.wide:
         cfg = replace(cfg, lean=True)
     return {
         "dropout": dropout,
