@@ -39,9 +39,12 @@ def test_dropout_kinds_compile(tmp_path, monkeypatch, arch, kind, marker):
         text = render_target(target).text
         expected = marker
         if hopper and kind == "backward_dropout":
-            # The wide layout (d256) drops P on its way to shared memory.
+            # P dropped for dV alone: the wide layout (d256) on its way to shared memory, the narrow
+            # one into dV's register operand (after dS, where a score mod's gradient takes P and dS
+            # in one pass).
             expected = ("store_scores(ops, acc_S, ops.tPsP[None, None, None, stage], keep)" if spec.head_dim_qk > 128
-                        else "apply_keep_bits(acc_S_qk, keep)")
+                        else "apply_keep_bits(acc_S_qk, keep)" if spec.score_mod_expr
+                        else "to_operand_kept(acc_S, ops.tdVrP, keep)")
         if hopper and kind.startswith("forward") and spec.head_dim_qk <= 128:
             expected = "dropout_pairs(cute.recast_tensor(ops.tOrP, cutlass.Uint32)"
         assert "def philox4x32(" in text and expected in text

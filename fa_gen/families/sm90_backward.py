@@ -20,7 +20,7 @@ keys on N (wide, `keys_on_n`; head dim 192): S = Q K^T and dP = dO V^T unswapped
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from ..arch_table import arch_info
 from ..spec import Spec
@@ -178,10 +178,9 @@ def backward_reasons(spec: Spec, arch: str) -> list[str]:
 
 def dropout_reasons(spec: Spec, arch: str) -> list[str]:
     """Why the backward_dropout kind is not this template's for `spec` (the sm80 family's serves
-    it): it regenerates the mask in keys-major S^T (the narrow layout, on the lean schedule,
-    where dV's GEMM comes after dS: it takes the dropped P, dS the undropped one; the wide
-    layout, where P goes to shared memory dropped while dS takes the undropped P from
-    registers), in pairs of 16-query groups a warpgroup."""
+    it): it regenerates the mask in keys-major S^T, in pairs of 16-query groups a warpgroup.
+    dV takes the dropped P (in the narrow layout as its 16-bit register operand, in the wide one
+    on its way to shared memory), dS the undropped one, still in registers."""
     reasons = backward_reasons(spec, arch)
     if reasons:
         return reasons
@@ -194,12 +193,12 @@ def dropout_reasons(spec: Spec, arch: str) -> list[str]:
 
 def kind_context(spec: Spec, arch: str, dropout: bool = False) -> dict:
     """Render context of the backward kind (added to the family's forward context); `dropout`:
-    the backward_dropout kind, on the lean schedule (dropout_reasons)."""
+    the backward_dropout kind (dropout_reasons), on the spec's own tiles and schedule: d128's
+    non-lean one measured 1.02-1.06x the lean one with dropout (H100, p = 0.1, s 4k/8k,
+    bench/results/logs/2026-11-26-s15c4-nonlean)."""
     problems = dropout_reasons(spec, arch) if dropout else backward_reasons(spec, arch)
     assert not problems, problems  # backward_family and kernel_files refuse these first
     cfg = backward_tile_config(spec, arch)
-    if dropout and not cfg.wide:
-        cfg = replace(cfg, lean=True)
     return {
         "dropout": dropout,
         "bwd": {**asdict(cfg), "tile_n": cfg.tile_n, "dq_split_rows": cfg.dq_split_rows, "do_stages": cfg.dO_stages,
