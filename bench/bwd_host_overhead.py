@@ -55,8 +55,34 @@ def main():
         so = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs)
     sdo = torch.randn_like(so)
     rows["sdpa_flash autograd.grad"] = lambda: torch.autograd.grad(so, (qs, ks, vs), sdo, retain_graph=True)
+
+    class Passthrough(torch.autograd.Function):
+        """The engine's own cost for a Python Function: a backward that launches nothing."""
+
+        @staticmethod
+        def forward(ctx, a, b, c):
+            return a.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, grad, grad
+
+    po = Passthrough.apply(q, k, v)
+    rows["Python Function autograd.grad"] = lambda: torch.autograd.grad(po, (q, k, v), dout, retain_graph=True)
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        fo = flash_attn_func(q, k, v)
+        fo = fo[0] if isinstance(fo, tuple) else fo
+        rows["fa4 autograd.grad"] = lambda: torch.autograd.grad(fo, (q, k, v), dout, retain_graph=True)
+    except ImportError:
+        pass
     for name, fn in rows.items():
-        print(f"{name:28s} {per_call_us(fn):8.1f} us/call host")
+        print(f"{name:30s} {per_call_us(fn):8.1f} us/call host")
+    # The same backwards run on this thread instead of the device's autograd thread.
+    with torch.autograd.set_multithreading_enabled(False):
+        for name in [n for n in rows if n.endswith("autograd.grad")]:
+            print(f"{name + ', one thread':42s} {per_call_us(rows[name]):8.1f} us/call host")
     if "--cprofile" in sys.argv:
         # Where fa_gen's autograd.grad spends its host time, by function (cumulative).
         import cProfile
