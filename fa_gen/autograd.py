@@ -198,7 +198,7 @@ def _gradients(ctx, dout, tensors_need_grad):
     if _plain_eager(dout, q, k, v, out, lse, *tensors):
         # Eager autograd on plain tensors: the op's own body, without the dispatcher's round trip.
         dq, dk, dv = build_backward(spec)(dout, q, k, v, out, lse, ctx.deterministic,
-                                          inputs=_inputs_by_name(spec, tensors, ctx.scalars))
+                                          inputs=_inputs_by_name(spec, tensors, ctx.scalars), checked=True)
     else:
         # Traced (torch.compile, FakeTensor, a dispatch mode): the op, which tracing records.
         dq, dk, dv = torch.ops.fa_gen.attention_backward.default(dout, q, k, v, out, lse, ctx.spec_key,

@@ -42,14 +42,22 @@ class Backward(CompiledKernel):
 
     def __call__(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor, lse: torch.Tensor, deterministic: bool = False, inputs=None,
-                 plan: BackwardPlan | None = None):
+                 plan: BackwardPlan | None = None, *, checked: bool = False):
         """Gradients of the attention output `out` (with its `lse`, both from the forward) for
         the upstream gradient `dout`. With `deterministic`, results are bitwise reproducible.
         `inputs`: the spec's declared inputs, as the forward took them; or `plan`: those inputs
-        checked and the mask classified once by `self.plan` (fa_gen.backward_plan)."""
-        self._check(dout, q, k, v, out, lse)
+        checked and the mask classified once by `self.plan` (fa_gen.backward_plan).
+        `checked` (fa_gen.autograd's eager backward): q, k, v passed the forward's checks, out
+        and lse are its results and dout is a contiguous gradient of out (autograd gives it
+        out's shape, dtype and device): only dout's alignment is checked (the rest is 20-30 us
+        of host time a call, which a short backward's GPU waits for)."""
+        if checked:
+            _check_strides("dout", dout)
+        else:
+            self._check(dout, q, k, v, out, lse)
         extra = self._extra_arguments(q, k, inputs, plan)
-        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        # empty_like with the format spelled out: a third of torch.empty(shape, dtype=, device=)'s host time.
+        dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
         if q.numel() == 0 or k.numel() == 0:
             return dq.zero_(), dk.zero_(), dv.zero_()
         workspace = _workspace(q, padded_head_dim(self.spec.head_dim_qk))
@@ -126,13 +134,13 @@ def _workspace(q: torch.Tensor, head_dim_qk: int):
     rows = -(-seqlen_q // ROW_ALIGN) * ROW_ALIGN
     tiles = -(-seqlen_q // MIN_TILE_M)
     sizes = (rows * head_dim_qk, rows, rows, tiles)
-    # One allocation for all four (the counters as int32 words of the same 4-byte elements).
+    # One allocation for all four (the counters as int32 words of the same 4-byte elements), cut
+    # by as_strided: one view each (a slice then a view cost twice the host time).
     buffer = torch.empty(batch * heads_q * sum(sizes), dtype=torch.float32, device=q.device)
     parts, offset = [], 0
     for size in sizes:
-        count = batch * heads_q * size
-        parts.append(buffer[offset:offset + count].view(batch, heads_q, size))
-        offset += count
+        parts.append(buffer.as_strided((batch, heads_q, size), (heads_q * size, size, 1), offset))
+        offset += batch * heads_q * size
     parts[-1] = parts[-1].view(torch.int32)
     return tuple(parts)
 

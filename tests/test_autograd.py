@@ -148,8 +148,8 @@ def test_eager_function_hands_back_each_gradient_in_its_place(monkeypatch):
         return out, lse
 
     class Backward:
-        def __call__(self, dout, q, k, v, out, lse, deterministic, inputs=None):
-            seen.update(dout=dout, out=out, lse=lse, deterministic=deterministic, inputs=inputs)
+        def __call__(self, dout, q, k, v, out, lse, deterministic, inputs=None, checked=False):
+            seen.update(dout=dout, out=out, lse=lse, deterministic=deterministic, inputs=inputs, checked=checked)
             return dout * 3, k * 0 + 4, v * 0 + 5
 
     monkeypatch.setattr(autograd, "_plain_eager", lambda *tensors: True)
@@ -168,6 +168,8 @@ def test_eager_function_hands_back_each_gradient_in_its_place(monkeypatch):
         assert torch.equal(grads[1], torch.full_like(k, 4)) and torch.equal(grads[2], torch.full_like(v, 5))
         assert torch.equal(seen["out"], out) and torch.equal(seen["lse"], lse)
         assert seen["deterministic"] is True and seen["inputs"]["sinks"] is sinks
+        # The forward checked q, k, v and made out and lse: the eager backward checks dout alone.
+        assert seen["checked"] is True
         spec = resolve_spec("sink_logit")
         if sink_grad:
             expected = sink_input_gradients(spec, {"sinks": sinks}, {"sinks"}, out, dout, lse, seqlen)["sinks"]
