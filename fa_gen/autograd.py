@@ -296,5 +296,8 @@ def attention_op(q, k, v, key: str, deterministic: bool, tensors: list, scalars:
     """(out, lse) of fa_gen::attention_forward, differentiable: through _EagerAttention where
     nothing traces the call, else the custom op (torch.compile, FakeTensor, dispatch modes)."""
     if _plain_eager(q, k, v, *tensors):
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *tensors))):
+            # Nothing to differentiate: the forward alone, without the Function's bookkeeping.
+            return _forward(q, k, v, spec_from_key(key), tensors, scalars)
         return _EagerAttention.apply(q, k, v, key, deterministic, tuple(scalars), *tensors)
     return attention_forward(q, k, v, key, deterministic, tensors, scalars)
