@@ -28,11 +28,14 @@ def test_dropout_kinds_compile(tmp_path, monkeypatch, arch, kind, marker):
     # pairs, dropout_pairs, at d128), the backward in the wide layout.
     wide = ("full_bf16_d256",) if arch == "sm_90a" and kind in ("forward_dropout", "forward_varlen_dropout",
                                                                  "backward_dropout") else ()
+    # The backward's keys-on-N layout (qk 192): S queries-major, the mask made as the forwards make it.
+    wide += ("causal_bf16_qk192_v128",) if arch == "sm_90a" and kind == "backward_dropout" else ()
     for name in ("causal_bf16_d128",) + (("chunked_causal", "softcap") if arch == "sm_90a" else ()) + wide:
         spec = resolve_spec(name)
         target = resolve_target(spec, arch, kind)
         # Hopper's own dropout forwards (TMA, wgmma; its varlen one takes no mask expression) and
-        # fixed-length backward (narrow layout at d128, wide at d256); the sm80 kernels for the rest.
+        # fixed-length backward (narrow layout at d128, wide at d256, keys on N at qk 192); the sm80
+        # kernels for the rest.
         hopper = arch == "sm_90a" and kind in ("forward_dropout", "backward_dropout") or (
             arch == "sm_90a" and kind == "forward_varlen_dropout" and spec.mask_expr is None)
         assert target.family.name == ("sm90" if hopper else "sm80")
@@ -42,7 +45,8 @@ def test_dropout_kinds_compile(tmp_path, monkeypatch, arch, kind, marker):
             # P dropped for dV alone: the wide layout (d256) on its way to shared memory, the narrow
             # one into dV's register operand (after dS, where a score mod's gradient takes P and dS
             # in one pass).
-            expected = ("store_scores(ops, acc_S, ops.tPsP[None, None, None, stage], keep)" if spec.head_dim_qk > 128
+            expected = ("keep_bits_rows_major(ops.tScS" if spec.head_dim_qk == 192
+                        else "store_scores(ops, acc_S, ops.tPsP[None, None, None, stage], keep)" if spec.head_dim_qk > 128
                         else "apply_keep_bits(acc_S_qk, keep)" if spec.score_mod_expr
                         else "to_operand_kept(acc_S, ops.tdVrP, keep)")
         if hopper and kind.startswith("forward") and spec.head_dim_qk <= 128:

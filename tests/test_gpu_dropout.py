@@ -139,10 +139,13 @@ def test_dropout_backward_matches_reference(data, seed, offset):
 # forward's 16-bit pairs (d128, ping-pong) and its fp32 path with a last 16-key group that has
 # no partner (d256: 80-key tiles, five groups), the sm80 forward; the sm90 backward's keep bits
 # in registers (narrow layout, d128) and on P's way to shared memory (wide layout, d256, full
-# and causal), and the sm80 backward's factors (d256 and d128 forced onto sm80).
+# and causal; keys on N, qk 192, S queries-major), and the sm80 backward's factors (d256 and d128
+# forced onto sm80).
 PATHS = [("full_bf16_d128", None, None), ("full_bf16_d256", None, None), ("causal_bf16_d128", "sm80", "sm80"),
-         ("causal_fp16_d64", None, None), ("full_bf16_d256", None, "sm80"), ("drop_causal_d256", None, None)]
-EXTRA_SPECS = {"drop_causal_d256": {"name": "drop_causal_d256", "dtype": "bf16", "head_dim": 256, "mask": "causal"}}
+         ("causal_fp16_d64", None, None), ("full_bf16_d256", None, "sm80"), ("drop_causal_d256", None, None),
+         ("causal_bf16_qk192_v128", None, None), ("drop_full_d192", None, None)]
+EXTRA_SPECS = {"drop_causal_d256": {"name": "drop_causal_d256", "dtype": "bf16", "head_dim": 256, "mask": "causal"},
+               "drop_full_d192": {"name": "drop_full_d192", "dtype": "bf16", "head_dim": 192, "mask": "none"}}
 
 
 @pytest.mark.parametrize("name,forward_family,backward_family", PATHS)

@@ -178,16 +178,18 @@ def backward_reasons(spec: Spec, arch: str) -> list[str]:
 
 def dropout_reasons(spec: Spec, arch: str) -> list[str]:
     """Why the backward_dropout kind is not this template's for `spec` (the sm80 family's serves
-    it): it regenerates the mask in keys-major S^T, in pairs of 16-query groups a warpgroup.
-    dV takes the dropped P (in the narrow layout as its 16-bit register operand, in the wide one
-    on its way to shared memory), dS the undropped one, still in registers."""
+    it): it regenerates the mask in keys-major S^T, in pairs of 16-query groups a warpgroup, or
+    with keys on N in queries-major S as the forwards do (16-key groups starting at multiples of
+    16: a warpgroup's share of the key tile must be one). dV takes the dropped P (in the narrow
+    layout as its 16-bit register operand, in the wide ones on its way to shared memory), dS
+    the undropped one, still in registers."""
     reasons = backward_reasons(spec, arch)
     if reasons:
         return reasons
     cfg = backward_tile_config(spec, arch)
-    if cfg.keys_on_n or cfg.tile_m % 64:
-        return ["backward with dropout: the Hopper kernel regenerates the mask in keys-major scores only (tiles "
-                f"here: {'keys on N' if cfg.keys_on_n else f'tile_m {cfg.tile_m}'})"]
+    if cfg.keys_on_n and (cfg.tile_n // 2) % 16 or not cfg.keys_on_n and cfg.tile_m % 64:
+        return ["backward with dropout: the Hopper kernel's mask needs whole 16-key groups per warpgroup (keys on N) "
+                f"or 64-query steps (tiles here: tile_n {cfg.tile_n}, tile_m {cfg.tile_m})"]
     return []
 
 
