@@ -85,18 +85,23 @@ def main():
             print(f"{name + ', one thread':42s} {per_call_us(rows[name]):8.1f} us/call host")
     if "--cprofile" in sys.argv:
         # Where fa_gen's autograd.grad spends its host time, by function (cumulative).
-        import cProfile
-        import pstats
-
-        profiler = cProfile.Profile()
         # The backward on this thread (cProfile sees one thread; autograd's is the device's).
         with torch.autograd.set_multithreading_enabled(False):
-            profiler.enable()
-            for _ in range(500):
-                rows["fa_gen autograd.grad"]()
-            profiler.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(35)
+            print_profile(rows["fa_gen autograd.grad"], 35)
+
+
+def print_profile(fn, top: int, calls: int = 500):
+    """`calls` calls of fn under cProfile; the `top` functions by cumulative time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import fa_gen  # noqa: E402
-from bwd_host_overhead import per_call_us  # noqa: E402
+from bwd_host_overhead import per_call_us, print_profile  # noqa: E402
 from fa_gen.spec_load import load_spec  # noqa: E402
 
 
@@ -39,16 +39,7 @@ def main():
     for name, fn in rows.items():
         print(f"{name:30s} {per_call_us(fn):8.1f} us/call host")
     if "--cprofile" in sys.argv:
-        import cProfile
-        import pstats
-
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(500):
-            rows["fa_gen.attention, grad"]()
-        profiler.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+        print_profile(rows["fa_gen.attention, grad"], 30)
 
 
 if __name__ == "__main__":
