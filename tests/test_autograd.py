@@ -129,6 +129,12 @@ def test_workspace_is_padded_and_compact():
     assert semaphore.dtype == torch.int32 and semaphore.shape[2] * 32 >= 130
     assert all(t.is_contiguous() for t in (dq_accum, lse_log2, dpsum, semaphore))
     assert dq_accum.data_ptr() % 16 == 0
+    # One allocation, the parts back to back in it (views cut by as_strided: none overlaps the next).
+    parts = (dq_accum, lse_log2, dpsum, semaphore)
+    assert len({t.untyped_storage().data_ptr() for t in parts}) == 1
+    for part, following in zip(parts, parts[1:]):
+        assert part.data_ptr() + part.numel() * 4 == following.data_ptr()
+    assert semaphore.data_ptr() + semaphore.numel() * 4 == dq_accum.data_ptr() + dq_accum.untyped_storage().nbytes()
 
 
 def test_eager_function_hands_back_each_gradient_in_its_place(monkeypatch):
