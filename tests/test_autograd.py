@@ -182,3 +182,25 @@ def test_eager_function_hands_back_each_gradient_in_its_place(monkeypatch):
             assert grads[3].shape == sinks.shape and torch.allclose(grads[3], expected)
         else:
             assert sinks.grad is None
+
+
+def test_a_call_with_nothing_to_differentiate_skips_the_autograd_function(monkeypatch):
+    """attention_op runs the forward alone (no ctx, nothing saved) unless grad mode is on and an
+    input requires grad; then it goes through _EagerAttention, whose forward saves the context."""
+    saved = []
+    monkeypatch.setattr(autograd, "_plain_eager", lambda *tensors: True)
+    monkeypatch.setattr(autograd, "_forward", lambda q, k, v, spec, tensors, scalars: (
+        q * 2, torch.zeros(q.shape[0], q.shape[2], q.shape[1])))
+    setup = autograd._setup_context
+    monkeypatch.setattr(autograd, "_setup_context", lambda ctx, inputs, output: (saved.append(1),
+                                                                                    setup(ctx, inputs, output)))
+    key = autograd.spec_key("causal_bf16_d128")
+    q = torch.randn(1, 5, 2, 128)
+    qg = q.clone().requires_grad_()
+    out, _ = autograd.attention_op(q, q, q, key, False, [], [])
+    assert torch.equal(out, q * 2) and out.grad_fn is None and not saved
+    with torch.no_grad():
+        out, _ = autograd.attention_op(qg, q, q, key, False, [], [])
+    assert out.grad_fn is None and not saved
+    out, _ = autograd.attention_op(qg, q, q, key, False, [], [])
+    assert out.grad_fn is not None and saved == [1]
