@@ -1,6 +1,6 @@
-"""Attention dropout: the `forward_dropout` and `backward_dropout` kinds (the sm90 family's on
-Hopper, where its backward's narrow layout serves the spec; the sm80 family's elsewhere) and the
-sm80 family's varlen kinds.
+"""Attention dropout: the `forward_dropout` and `backward_dropout` kinds and their varlen kinds
+(the sm90 family's on Hopper where its kernels serve the spec, fa_gen.families.sm90_backward's
+dropout_reasons; the sm80 family's elsewhere).
 
     seed, offset = draw_rng_state(q.device)             # from PyTorch's CUDA generator
     out, lse = forward_dropout(spec, q, k, v, 0.1, seed, offset)
@@ -166,12 +166,13 @@ def backward_varlen_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: 
                             out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                             max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, seed: int | torch.Tensor,
                             offset: int | None, deterministic: bool = False, inputs=None,
-                            arch: str | None = None):
-    """(dq, dk, dv) of forward_varlen_dropout's output under the same (dropout_p, seed, offset)."""
+                            arch: str | None = None, family: str | None = None):
+    """(dq, dk, dv) of forward_varlen_dropout's output under the same (dropout_p, seed, offset),
+    by `family`'s kernel or else the preferred family's (Hopper's own where it serves the spec)."""
     _check_draw(dropout_p, seed, offset)
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)
     varlen_backward._check_outputs(spec, q, out, dout, lse)
-    function, _ = load_target(resolve_target(spec, arch or current_arch(), "backward_varlen_dropout", family="sm80"))
+    function, _ = load_target(resolve_target(spec, arch or current_arch(), "backward_varlen_dropout", family))
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     batch = cu_seqlens_q.shape[0] - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:

@@ -1,4 +1,6 @@
-"""The backward pass of a packed (varlen) batch: the sm80 family's `backward_varlen` kernel.
+"""The backward pass of a packed (varlen) batch: the `backward_varlen` kernel of the preferred
+family that renders it (Hopper's own on sm_90a where its backward serves the spec's head dims and
+its varlen forward the spec, templates/sm90/backward.py.j2; the sm80 family's elsewhere).
 
     dq, dk, dv = backward_varlen(spec, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                  max_seqlen_q, max_seqlen_k)
@@ -8,7 +10,8 @@ k/v (total_k, hkv, d), lse (hq, total_q) fp32. Sequence b's workspace rows (fp32
 LSE in base 2, D, per-tile counters) start at 128 * ((cu_seqlens_q[b] + 128 * b) // 128)
 (templates/common/seqlen.j2, workspace_offset), so the workspaces are sized from total_q and the
 batch alone: nothing on the call path reads the device. Keys past seqused_k[b] (or outside every
-sequence) are not attended and get dK = dV = 0; dq, dk, dv start zeroed for that reason.
+sequence) are not attended and get dK = dV = 0; dq, dk, dv start zeroed for that reason. Both
+families' kernels take the same arguments and workspaces.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from .spec import Spec
 from .target import resolve_target
 
 KIND = "backward_varlen"
-FAMILY = "sm80"
 # Rows every sequence's workspace start is rounded to (every backward tile_m divides it).
 ROW_ALIGN = 128
 # The smallest backward tile_m: per-query-tile counters are sized for it.
@@ -33,12 +35,14 @@ MIN_TILE_M = 32
 def backward_varlen(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                     max_seqlen_q: int, max_seqlen_k: int, seqused_k: torch.Tensor | None = None,
-                    deterministic: bool = False, inputs=None, arch: str | None = None):
+                    deterministic: bool = False, inputs=None, arch: str | None = None,
+                    family: str | None = None):
     """(dq, dk, dv) of a packed batch for the upstream gradient `dout` of `out` (see the module
-    docstring); `deterministic` makes them bitwise reproducible."""
+    docstring); `deterministic` makes them bitwise reproducible. `family` pins the kernel's
+    family (else the preferred one that renders the kind)."""
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     _check_outputs(spec, q, out, dout, lse)
-    function, _ = load_target(resolve_target(spec, arch or current_arch(), KIND, FAMILY))
+    function, _ = load_target(resolve_target(spec, arch or current_arch(), KIND, family))
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     batch = cu_seqlens_q.shape[0] - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:

@@ -26,22 +26,20 @@ def test_dropout_kinds_compile(tmp_path, monkeypatch, arch, kind, marker):
     # A plain mask; on sm_90a also a mask expression (listed tiles) and a score mod (its derivative),
     # and d256: the forwards' tile runs without ping-pong there (the fp32 dropout path; P's 16-bit
     # pairs, dropout_pairs, at d128), the backward in the wide layout.
-    wide = ("full_bf16_d256",) if arch == "sm_90a" and kind in ("forward_dropout", "forward_varlen_dropout",
-                                                                 "backward_dropout") else ()
+    wide = ("full_bf16_d256",) if arch == "sm_90a" else ()
     # The backward's keys-on-N layout (qk 192): S queries-major, the mask made as the forwards make it.
-    wide += ("causal_bf16_qk192_v128",) if arch == "sm_90a" and kind == "backward_dropout" else ()
+    wide += ("causal_bf16_qk192_v128",) if arch == "sm_90a" and kind.startswith("backward") else ()
     for name in ("causal_bf16_d128",) + (("chunked_causal", "softcap") if arch == "sm_90a" else ()) + wide:
         spec = resolve_spec(name)
         target = resolve_target(spec, arch, kind)
-        # Hopper's own dropout forwards (TMA, wgmma; its varlen one takes no mask expression) and
-        # fixed-length backward (narrow layout at d128, wide at d256, keys on N at qk 192); the sm80
-        # kernels for the rest.
-        hopper = arch == "sm_90a" and kind in ("forward_dropout", "backward_dropout") or (
-            arch == "sm_90a" and kind == "forward_varlen_dropout" and spec.mask_expr is None)
+        # Hopper's own dropout forwards and backwards (TMA, wgmma; its varlen ones take no mask
+        # expression; the backward's narrow layout at d128, wide at d256, keys on N at qk 192); the
+        # sm80 kernels for the rest.
+        hopper = arch == "sm_90a" and (not kind.endswith("varlen_dropout") or spec.mask_expr is None)
         assert target.family.name == ("sm90" if hopper else "sm80")
         text = render_target(target).text
         expected = marker
-        if hopper and kind == "backward_dropout":
+        if hopper and kind.startswith("backward"):
             # P dropped for dV alone: the wide layout (d256) on its way to shared memory, the narrow
             # one into dV's register operand (after dS, where a score mod's gradient takes P and dS
             # in one pass).

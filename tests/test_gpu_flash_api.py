@@ -101,11 +101,10 @@ def _compile(spec, arch, kind):
     elif kind == "backward":
         build_backward(spec, arch)
     elif kind == "backward_varlen":
-        from fa_gen import varlen_backward
         from fa_gen.runtime import load_target
         from fa_gen.target import resolve_target
 
-        load_target(resolve_target(spec, arch, kind, varlen_backward.FAMILY))
+        load_target(resolve_target(spec, arch, kind))
     else:
         inference_kernel(spec, arch, kind)
     return spec.name, kind

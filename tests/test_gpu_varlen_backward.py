@@ -1,4 +1,5 @@
-"""L1: fa_gen.varlen_backward.backward_varlen (the sm80 family's `backward_varlen` kernel) called
+"""L1: fa_gen.varlen_backward.backward_varlen (the preferred family's `backward_varlen` kernel:
+Hopper's own on sm_90a where it serves the spec, the sm80 family's elsewhere) called
 directly after fa_gen.inference.forward_varlen, every sequence judged alone.
 
 Run on a GPU machine:  FA_GEN_PRECOMPILE_JOBS=14 python -m pytest -m gpu tests/test_gpu_varlen_backward.py
@@ -53,7 +54,7 @@ def _compile(spec, arch, kind):
     from fa_gen.runtime import load_kernel_function
 
     if kind == "backward_varlen":
-        load_kernel_function(spec, arch, "sm80", kind=kind)
+        load_kernel_function(spec, arch, None, kind=kind)
     else:
         inference_kernel(spec, arch, kind)
 

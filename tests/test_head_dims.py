@@ -70,11 +70,11 @@ def test_the_backward_serves_the_padded_pairs(kind, qk, v):
     from fa_gen.families.sm80 import backward_tile_config
 
     target = resolve_target(_spec(qk, v), "sm_90a", kind)
-    # Hopper's own backward where the padded pair is one of its measured ones (80 -> 96); the
-    # sm80 backward for the rest, and for every varlen backward.
-    hopper = kind == "backward" and sm90_backward.padded_dims(_spec(qk, v)) in sm90_backward.served_pairs()
+    # Hopper's own backward, fixed-length and varlen, where the padded pair is one of its measured
+    # ones (80 -> 96); the sm80 backward for the rest.
+    hopper = sm90_backward.padded_dims(_spec(qk, v)) in sm90_backward.served_pairs()
     assert target.family.name == ("sm90" if hopper else "sm80")
-    assert hopper == (kind == "backward" and (qk, v) == (80, 80))
+    assert hopper == ((qk, v) == (80, 80))
     text = render_target(target).text
     assert f"\nCOLS_QK = {qk}\n" in text and f"\nCOLS_V = {v}\n" in text
     # Tiles of the padded dims: 80 backs onto the 96 tiles.
@@ -100,7 +100,8 @@ def test_padded_kinds_compile(tmp_path, monkeypatch, arch):
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
     cases = [(_spec(40, 72, "causal", "fp16"), "forward_varlen_split_paged_pack4"),
              (_spec(40, 72, "causal", "fp16"), "forward_varlen_split_paged_tiles"), (_spec(80, 80), "forward"),
-             (_spec(80, 80), "backward"), (_spec(40, 72, "causal", "fp16"), "backward_varlen")]
+             (_spec(80, 80), "backward"), (_spec(40, 72, "causal", "fp16"), "backward_varlen"),
+             (_spec(80, 80, "causal"), "backward_varlen")]
     if arch == "sm_90a":  # the Hopper forwards (TMA zero-fills the padding), fixed and varlen
         cases += [(_spec(256, 200, "causal"), "forward"), (_spec(72, 136), "forward_varlen")]
     for i, (spec, kind) in enumerate(cases):

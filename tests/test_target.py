@@ -45,7 +45,7 @@ def test_refusals_name_every_family_and_what_it_renders():
 def test_render_takes_the_target_as_it_is():
     spec = resolve_spec("sliding_window_bf16_d128")
     target = resolve_target(spec, "sm_90a", "backward_varlen")
-    assert isinstance(target, Target) and target.files == ("sm80/backward.py.j2", "backward_varlen.py")
+    assert isinstance(target, Target) and target.files == ("sm90/backward.py.j2", "backward_varlen.py")
     assert render_target(target).text == render(spec, "sm_90a", kind="backward_varlen").text
     forced = Target(spec, "sm_90a", resolve_target(spec, "sm_80").family, "forward")
     assert render_target(forced).family == "sm80"

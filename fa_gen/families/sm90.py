@@ -177,6 +177,9 @@ SHIFTED_KIND = "forward_shifted"
 SHIFTED_BACKWARD_KIND = "backward_shifted"
 # The backward with attention dropout (the mask regenerated from the forward's draw), per call.
 BACKWARD_DROPOUT_KIND = "backward_dropout"
+# The backward of a packed (varlen) batch, with and without dropout, per call.
+VARLEN_BACKWARD_KIND = "backward_varlen"
+VARLEN_BACKWARD_DROPOUT_KIND = "backward_varlen_dropout"
 _SHORT_TILES = {
     (64, 64): ShortTiles(1024, TileConfig(128, 128, 2, 2)),
     (256, 256): ShortTiles(1024, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
@@ -291,7 +294,7 @@ class Sm90Family(Family):
     supports_expressions = True
 
     def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
-        """The varlen forward (templates/common/seqlen.j2); the split-KV and GQA-packed decode
+        """The varlen forward and backward (templates/common/seqlen.j2); the split-KV and GQA-packed decode
         kinds are the sm80 family's."""
         if spec.is_fp8:
             return {} if varlen_reasons(spec) else {VARLEN_KIND: (self.forward_template, f"{VARLEN_KIND}.py")}
@@ -305,6 +308,10 @@ class Sm90Family(Family):
         if not varlen_reasons(spec):
             kinds[VARLEN_KIND] = (self.forward_template, f"{VARLEN_KIND}.py")
             kinds[VARLEN_DROPOUT_KIND] = (self.forward_template, f"{VARLEN_DROPOUT_KIND}.py")
+            if not sm90_backward.backward_reasons(spec, self.archs[0]):
+                kinds[VARLEN_BACKWARD_KIND] = ("backward.py.j2", f"{VARLEN_BACKWARD_KIND}.py")
+            if not sm90_backward.dropout_reasons(spec, self.archs[0]):
+                kinds[VARLEN_BACKWARD_DROPOUT_KIND] = ("backward.py.j2", f"{VARLEN_BACKWARD_DROPOUT_KIND}.py")
         return kinds
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
@@ -322,6 +329,10 @@ class Sm90Family(Family):
             return {**sm90_backward.kind_context(spec, arch), "shifted": True}
         if kind == BACKWARD_DROPOUT_KIND:
             return sm90_backward.kind_context(spec, arch, dropout=True)
+        if kind == VARLEN_BACKWARD_KIND:
+            return {**sm90_backward.kind_context(spec, arch), "varlen": True}
+        if kind == VARLEN_BACKWARD_DROPOUT_KIND:
+            return {**sm90_backward.kind_context(spec, arch, dropout=True), "varlen": True}
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
 
     def served_head_dims(self) -> str:
@@ -342,6 +353,10 @@ class Sm90Family(Family):
             return shifted_reasons(spec) + sm90_backward.backward_reasons(spec, self.archs[0])
         if kind == BACKWARD_DROPOUT_KIND:
             return sm90_backward.dropout_reasons(spec, self.archs[0])
+        if kind == VARLEN_BACKWARD_KIND:
+            return varlen_reasons(spec) + sm90_backward.backward_reasons(spec, self.archs[0])
+        if kind == VARLEN_BACKWARD_DROPOUT_KIND:
+            return varlen_reasons(spec) + sm90_backward.dropout_reasons(spec, self.archs[0])
         return sm90_backward.backward_reasons(spec, self.archs[0]) if kind == "backward" else []
 
     def forward_variants(self, spec: Spec, arch: str) -> list[tuple[int, str]]:
