@@ -10,8 +10,9 @@ k/v (total_k, hkv, d), lse (hq, total_q) fp32. Sequence b's workspace rows (fp32
 LSE in base 2, D, per-tile counters) start at 128 * ((cu_seqlens_q[b] + 128 * b) // 128)
 (templates/common/seqlen.j2, workspace_offset), so the workspaces are sized from total_q and the
 batch alone: nothing on the call path reads the device. Keys past seqused_k[b] (or outside every
-sequence) are not attended and get dK = dV = 0; dq, dk, dv start zeroed for that reason. Both
-families' kernels take the same arguments and workspaces.
+sequence) are not attended and get dK = dV = 0: the sm90 kernel zeroes the rows outside every
+sequence itself, and dq, dk, dv start zeroed where it does not (the sm80 kernel; dk and dv past
+seqused_k). Both families' kernels take the same arguments and workspaces.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ def backward_varlen(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
     family (else the preferred one that renders the kind)."""
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     _check_outputs(spec, q, out, dout, lse)
-    function, _ = load_target(resolve_target(spec, arch or current_arch(), KIND, family))
-    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    target = resolve_target(spec, arch or current_arch(), KIND, family)
+    function, _ = load_target(target)
     batch = cu_seqlens_q.shape[0] - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
-        return dq, dk, dv
+        return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = _gradients(target.family.name, q, k, v, seqused_k is not None)
     extra = _varlen_extra_arguments(spec, q, q.shape[1], inputs)
     used = seqused_k if seqused_k is not None else cu_seqlens_k
     sequences = (cu_seqlens_q, cu_seqlens_k, used, int(seqused_k is not None), max(int(max_seqlen_q), 1),
@@ -54,6 +56,15 @@ def backward_varlen(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
     function(q, k, v, out, dout, lse, dq, dk, dv, *_workspace(q, batch, padded_head_dim(spec.head_dim_qk)), int(bool(deterministic)),
              *sequences, *extra)
     return dq, dk, dv
+
+
+def _gradients(family: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, used: bool):
+    """dq, dk, dv as the kernel writes them: the sm90 kernel writes every row of every sequence
+    and zeroes those outside them (but not the keys past seqused_k), the sm80 one only the rows
+    of the sequences' attended keys and queries (the rest must start at 0)."""
+    own = family == "sm90"
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) if own and not (used and t is not q)
+                 else torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 
 def _workspace(q: torch.Tensor, batch: int, head_dim_qk: int):

@@ -198,6 +198,40 @@ def test_empty_batches_give_zero_gradients(arch):
     assert dq.shape == q.shape and dk.shape == (0, 2, 128)
 
 
+@pytest.mark.parametrize("name", ["causal_bf16_d128", "full_bf16_d256"])
+def test_rows_outside_every_sequence_get_zero_gradients(arch, name):
+    """The tensors hold rows before cu_seqlens[0] and past cu_seqlens[-1]: their dq, dk and dv
+    are exactly 0 though the gradients start as uninitialised memory (the allocator's last
+    block, filled with NaN), and every sequence is still exact."""
+    from fa_gen.inference import forward_varlen
+    from fa_gen.varlen_backward import backward_varlen
+
+    spec, lengths = SPECS[name], [(70, 90), (129, 40), (1, 300)]
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, cu_q, cu_k = _packed(spec, lengths, (4, 2), generator)
+    (before_q, after_q), (before_k, after_k) = (5, 11), (3, 17)
+
+    def pad(t, before, after):
+        rows = torch.randn(before + t.shape[0] + after, *t.shape[1:], generator=generator, device="cuda")
+        rows = rows.to(t.dtype)
+        rows[before:before + t.shape[0]] = t
+        return rows
+
+    q, k, v = pad(q, before_q, after_q), pad(k, before_k, after_k), pad(v, before_k, after_k)
+    cu_q, cu_k = cu_q + before_q, cu_k + before_k
+    sizes = (max(a for a, _ in lengths), max(b for _, b in lengths))
+    out, lse = forward_varlen(spec, q, k, v, cu_q, cu_k, *sizes, num_splits=1, pack_gqa=False)
+    dout = torch.randn(out.shape, generator=generator, device="cuda").to(out.dtype)
+    poison = torch.full((3 * (q.numel() + k.numel()),), float("nan"), dtype=q.dtype, device="cuda")
+    del poison
+    grads = backward_varlen(spec, dout, q, k, v, out, lse, cu_q, cu_k, *sizes)
+    for name_, g, before, after in zip("qkv", grads, (before_q, before_k, before_k), (after_q, after_k, after_k)):
+        outside = torch.cat([g[:before], g[g.shape[0] - after:]])
+        assert torch.equal(outside, torch.zeros_like(outside)), f"d{name_} outside the sequences is not 0"
+    failures = _sequence_failures(spec, (q, k, v, dout, cu_q, cu_k, None), grads, lengths, [0] * len(lengths))
+    assert not failures, "; ".join(failures)
+
+
 def test_no_host_sync_and_no_recompile(arch):
     """New batch compositions reuse the one compiled backward and never synchronise the host."""
     from fa_gen.cache import default_cache
