@@ -172,12 +172,12 @@ def backward_varlen_dropout(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: 
     _check_draw(dropout_p, seed, offset)
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q, max_seqlen_k)
     varlen_backward._check_outputs(spec, q, out, dout, lse)
-    target = resolve_target(spec, arch or current_arch(), "backward_varlen_dropout", family)
-    function, _ = load_target(target)
+    family_name, function = varlen_backward.kernel_function(spec, arch or current_arch(), "backward_varlen_dropout",
+                                                            family)
     batch = cu_seqlens_q.shape[0] - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    dq, dk, dv = varlen_backward._gradients(target.family.name, q, k, v, False)
+    dq, dk, dv = varlen_backward._gradients(family_name, q, k, v, False)
     sequences = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_k, 0, max(int(max_seqlen_q), 1), max(int(max_seqlen_k), 1))
     workspace = varlen_backward._workspace(q, batch, padded_head_dim(spec.head_dim_qk))
     function(q, k, v, out, dout, lse, dq, dk, dv, *workspace, int(bool(deterministic)),

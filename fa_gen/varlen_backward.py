@@ -17,6 +17,8 @@ seqused_k). Both families' kernels take the same arguments and workspaces.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .errors import InputError
@@ -43,12 +45,11 @@ def backward_varlen(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
     family (else the preferred one that renders the kind)."""
     _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     _check_outputs(spec, q, out, dout, lse)
-    target = resolve_target(spec, arch or current_arch(), KIND, family)
-    function, _ = load_target(target)
+    family_name, function = kernel_function(spec, arch or current_arch(), KIND, family)
     batch = cu_seqlens_q.shape[0] - 1
     if q.shape[0] == 0 or k.shape[0] == 0 or batch == 0:
         return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    dq, dk, dv = _gradients(target.family.name, q, k, v, seqused_k is not None)
+    dq, dk, dv = _gradients(family_name, q, k, v, seqused_k is not None)
     extra = _varlen_extra_arguments(spec, q, q.shape[1], inputs)
     used = seqused_k if seqused_k is not None else cu_seqlens_k
     sequences = (cu_seqlens_q, cu_seqlens_k, used, int(seqused_k is not None), max(int(max_seqlen_q), 1),
@@ -56,6 +57,14 @@ def backward_varlen(spec: Spec, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
     function(q, k, v, out, dout, lse, dq, dk, dv, *_workspace(q, batch, padded_head_dim(spec.head_dim_qk)), int(bool(deterministic)),
              *sequences, *extra)
     return dq, dk, dv
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_function(spec: Spec, arch: str, kind: str, family: str | None):
+    """(family name, compiled function) of the `kind` varlen backward, resolved and loaded once
+    per (spec, arch, kind, family): the call path then does no lookup."""
+    target = resolve_target(spec, arch, kind, family)
+    return target.family.name, load_target(target)[0]
 
 
 def _gradients(family: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, used: bool):
