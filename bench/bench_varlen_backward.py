@@ -9,7 +9,9 @@ seeded documents summing to 16k; "equal" is 8 x 2048 (also run as a fixed (8, 20
 `fa_gen_fixed`). Only the backward is timed: the forward runs once per cell for out and LSE.
 TFLOP/s counts the useful FLOPs of each document: 2.5 x its forward's (causal: half).
 Timing: calls queued back to back between two CUDA events, median of 7 (as
-bench_backward_sm90.time_ms): the host runs ahead, as in training.
+bench_backward_sm90.time_ms): the host runs ahead, as in training. The implementations take
+turns for --rounds rounds and each reports its median round (clocks drift over a run). --profile
+adds each implementation's per-kernel device time (torch.profiler, 5 calls) to the rows.
 
 Implementations: `fa_gen` (fa_gen.varlen_backward.backward_varlen, the preferred family),
 `fa_gen_sm80` (the same call pinned to the sm80 family), `fa_gen_autograd` (torch.autograd.grad
@@ -125,6 +127,20 @@ IMPLEMENTATIONS = {
 }
 
 
+def kernel_times(run) -> dict:
+    """Device microseconds per call of each kernel `run` launches (5 calls under torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+    return {event.key[:80]: round(event.device_time_total / 5, 1) for event in prof.key_averages()
+            if event.device_time_total > 0}
+
+
 def check(cell: Cell) -> list[str]:
     """Why fa_gen's varlen backward of `cell` is wrong (empty when it is right): the preferred
     family's gradients against float64 autograd of the first document, and finite everywhere."""
@@ -151,6 +167,8 @@ def main(argv=None) -> int:
     parser.add_argument("--documents", type=lambda s: s.split(","), default=list(DOCUMENT_SETS))
     parser.add_argument("--impls", type=lambda s: s.split(","), default=list(IMPLEMENTATIONS))
     parser.add_argument("--check", action="store_true", help="check each cell's gradients before timing it")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="per-kernel device times too")
     args = parser.parse_args(argv)
     rows, failures = [], []
     for documents in args.documents:
@@ -161,11 +179,19 @@ def main(argv=None) -> int:
                     failures += check(cell)
                 row = {"cell": cell.name, "documents": cell.lengths, "heads": cell.heads, "head_dim": head_dim,
                        "causal": causal}
+                runs, times = {}, {}
                 for name in args.impls:
                     try:
-                        row[name] = round(cell.flops / time_ms(IMPLEMENTATIONS[name](cell)) / 1e9, 1)
+                        runs[name] = IMPLEMENTATIONS[name](cell)
                     except Exception as exc:  # an anchor missing here is a row entry, not a crash
                         row[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+                for _ in range(args.rounds):
+                    for name, run in runs.items():
+                        times.setdefault(name, []).append(time_ms(run))
+                for name, ms in times.items():
+                    row[name] = round(cell.flops / sorted(ms)[len(ms) // 2] / 1e9, 1)
+                    if args.profile:
+                        row[f"{name}_kernels_us"] = kernel_times(runs[name])
                 best = [row[n] for n in ("fa4",) if isinstance(row.get(n), float)]
                 if best and isinstance(row.get("fa_gen"), float):
                     row["fa_gen/fa4"] = round(row["fa_gen"] / best[0], 3)
