@@ -181,11 +181,23 @@ def bench(args) -> list[dict]:
     return rows
 
 
-def profile(args) -> None:
-    """Per-kernel device time of each implementation's backward (pre-pass, main kernel, post-pass)."""
+def kernel_times(run, calls: int = 5) -> dict:
+    """Device microseconds per call of each kernel `run` launches (`calls` calls under torch.profiler)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    run()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    return {event.key[:80]: round(event.device_time_total / calls, 1) for event in prof.key_averages()
+            if event.device_time_total > 0}
+
+
+def profile(args) -> None:
+    """Per-kernel device time of each implementation's backward (pre-pass, main kernel, post-pass)."""
     for head_dim in args.head_dims:
         for causal in (False, True):
             seqlen = args.seqlens[0]
@@ -194,16 +206,9 @@ def profile(args) -> None:
                              for _ in range(4))
             for name in args.impls:
                 run = IMPLEMENTATIONS[name](spec_for(head_dim, causal), q, k, v, dout)
-                run()
-                torch.cuda.synchronize()
-                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(5):
-                        run()
-                    torch.cuda.synchronize()
                 print(f"{name} d{head_dim} {'causal' if causal else 'full'} s={seqlen}:")
-                for event in prof.key_averages():
-                    if event.device_time_total > 0:
-                        print(f"  {event.device_time_total / event.count:9.1f} us  x{event.count}  {event.key[:70]}")
+                for kernel, us in kernel_times(run).items():
+                    print(f"  {us:9.1f} us  {kernel[:70]}")
 
 
 def check(args) -> bool:

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_backward_sm90 import time_ms  # noqa: E402
+from bench_backward_sm90 import kernel_times, time_ms  # noqa: E402
 from bench_decode import cu_seqlens, document_lengths  # noqa: E402
 from fa_gen.spec_load import load_spec  # noqa: E402
 from fa_gen.timing import attention_flops  # noqa: E402
@@ -125,20 +125,6 @@ IMPLEMENTATIONS = {
     "fa4": _autograd(_fa4_varlen),
     "fa_gen_fixed": fa_gen_fixed,
 }
-
-
-def kernel_times(run) -> dict:
-    """Device microseconds per call of each kernel `run` launches (5 calls under torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            run()
-        torch.cuda.synchronize()
-    return {event.key[:80]: round(event.device_time_total / 5, 1) for event in prof.key_averages()
-            if event.device_time_total > 0}
 
 
 def check(cell: Cell) -> list[str]:
