@@ -50,7 +50,7 @@ def _check(out, q, k, v, what):
     assert (out.double() - ref).abs().max().item() <= tol, what
 
 
-@pytest.mark.parametrize("path", ["public", "forward_varlen"])
+@pytest.mark.parametrize("path", ["public", "forward_varlen", "whole_range"])
 @pytest.mark.parametrize("poison", [math.nan, math.inf])
 def test_a_poisoned_neighbour_in_a_packed_batch_leaves_the_others_alone(path, poison):
     """Sequence 1's keys and values are all NaN (or Inf): every other sequence's output and
@@ -70,6 +70,8 @@ def test_a_poisoned_neighbour_in_a_packed_batch_leaves_the_others_alone(path, po
         out, _ = fa_gen.attention_varlen(q, k, v, cq, ck, 200, 120, SPEC)
         dout = _randn(*out.shape, seed=4)
         out.backward(dout)
+    elif path == "whole_range":  # one split: the whole-range kind (Hopper's TMA kernel there)
+        out, _ = forward_varlen(SPEC, q, k, v, cq, ck, 200, 120, num_splits=1, pack_gqa=False)
     else:
         out, _ = forward_varlen(SPEC, q, k, v, cq, ck, 200, 120)
     for b, (sq, sk) in enumerate(LENGTHS):
