@@ -294,8 +294,8 @@ class Sm90Family(Family):
     supports_expressions = True
 
     def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
-        """The varlen forward and backward (templates/common/seqlen.j2); the split-KV and GQA-packed decode
-        kinds are the sm80 family's."""
+        """The varlen forward and backward (templates/common/seqlen.j2); the split-KV and
+        GQA-packed decode kinds are the sm80 family's."""
         if spec.is_fp8:
             return {} if varlen_reasons(spec) else {VARLEN_KIND: (self.forward_template, f"{VARLEN_KIND}.py")}
         kinds = {DROPOUT_KIND: (self.forward_template, f"{DROPOUT_KIND}.py")}
