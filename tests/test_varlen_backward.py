@@ -1,8 +1,10 @@
-"""L0 (CPU): the sm80 family's varlen backward (kind `backward_varlen`, fa_gen/varlen_backward.py).
+"""L0 (CPU): the varlen backward (kind `backward_varlen`, fa_gen/varlen_backward.py): the sm80
+family's and Hopper's own (templates/sm90/backward.py.j2 with `varlen`).
 
-Compiles it for sm_80 and sm_90a (other shipped specs compile in tests/test_inference.py), checks
-that the host's workspace sizing and the template's per-sequence row offsets agree for random
-batches (a tile of one sequence must never reach another's rows), and the input errors.
+Compiles them (other shipped specs compile in tests/test_inference.py), checks that the host's
+workspace sizing and the templates' per-sequence row offsets agree for random batches (a tile of
+one sequence must never reach another's rows; every block of the Hopper pre-pass finds its
+sequence), which gradients start zeroed, and the input errors.
 The GPU exactness tests are in tests/test_gpu_varlen_backward.py.
 """
 
@@ -144,3 +146,88 @@ def test_mask_and_sink_expressions_render_without_tile_lists():
         assert "mTileList" not in text, name
         fixed = render(resolve_spec(name), "sm_80", "sm80", kind="backward").text
         assert ("mTileList" in fixed) == (resolve_spec(name).mask_expr is not None), name
+
+
+# ---- Hopper's own varlen backward (templates/sm90/backward.py.j2 with `varlen`) -------------
+
+# The narrow layout (d128), the lean schedule (d64), keys on N (qk 192) and the wide layout (d256).
+SM90_COMPILED = ["causal_bf16_d128", "causal_fp16_d64", "causal_bf16_qk192_v128", "full_bf16_d256"]
+
+
+@pytest.mark.parametrize("name", SM90_COMPILED)
+def test_sm90_backward_varlen_compiles(tmp_path, monkeypatch, name):
+    from fa_gen.backends.cute_dsl import compile_to_object
+    from fa_gen.target import resolve_target
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    target = resolve_target(resolve_spec(name), "sm_90a", "backward_varlen")
+    assert target.family.name == "sm90"
+    text = render(target.spec, "sm_90a", "sm90", kind="backward_varlen").text
+    compile_to_object(text, "sm_90a", tmp_path / "backward_varlen.o", label=f"{name} sm90 backward_varlen")
+
+
+def test_sm90_varlen_render_guards_every_sequence_end_and_the_fixed_render_does_not():
+    """Where a tile reaches past its sequence: K / V and Q / dO rows zeroed in shared memory, the
+    last dK / dV / dQ tiles stored row by row, rows outside every sequence zeroed by a fourth
+    kernel. The fixed-length render (generated/) has none of it."""
+    spec = resolve_spec("causal_bf16_d128")
+    varlen = render(spec, "sm_90a", "sm90", kind="backward_varlen").text
+    fixed = render(spec, "sm_90a", "sm90", kind="backward").text
+    assert varlen.count("clear_rows(ops.tidx, smem.s") == 2 and varlen.count("clear_rows(ops.tidx, ops.smem.s") == 2
+    assert varlen.count("store_rows(ops.tidx, smem.s") == 2 and "store_rows(tidx, sdQ, gdQ, query_rows" in varlen
+    assert "self.clear_outside(mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK)" in varlen
+    assert "if work.live:" in varlen
+    for name in ("clear_rows", "store_rows", "clear_outside", "mCuSeqlens", "work.live"):
+        assert name not in fixed, name
+
+
+class _Cu:
+    """cu_seqlens as the template's expressions index it, on host ints."""
+
+    def __init__(self, values):
+        self.values, self.shape = values, (len(values),)
+
+    def __getitem__(self, i):
+        return self.values[i]
+
+
+def _slot_owner(cu: list[int], slot: int, unit: int) -> tuple[int, int]:
+    """(sequence, its first slot) as common/seqlen.j2's sequence_of_slot computes them, run as
+    Python on ints."""
+    module = environment().get_template("common/seqlen.j2").module
+    scope = {"cu": _Cu(cu), "slot": slot, "Int32": int}
+    exec(module.sequence_of_slot("owner", "first", "cu", "slot", str(unit)), {}, scope)
+    return scope["owner"], scope["first"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_prepass_blocks_cover_every_sequence_region_once(seed):
+    """The varlen pre-pass's CTA r (workspace rows [128 r, 128 r + 128)) finds the sequence whose
+    region holds them: every sequence's padded rows are its blocks, and every block of the
+    workspace belongs to the sequence whose region starts at or before it."""
+    rng = random.Random(seed)
+    lengths = [rng.choice([0, 1, 2, 127, 128, 129, rng.randint(0, 3000)]) for _ in range(rng.randint(1, 9))]
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    rows = varlen_backward._workspace(torch.empty(cu[-1], 1, 64), len(lengths), 64)[1].shape[-1]
+    starts = [_template_offset(cu[b], b) for b in range(len(lengths))]
+    for block in range(rows // 128):
+        owner, first = _slot_owner(cu, block, 128)
+        assert first * 128 == starts[owner] <= block * 128, (lengths, block)
+        assert owner == len(lengths) - 1 or block * 128 < starts[owner + 1], (lengths, block)
+    for b, length in enumerate(lengths):
+        for block in range(starts[b] // 128, starts[b] // 128 + -(-length // 128)):
+            assert _slot_owner(cu, block, 128)[0] == b, (lengths, b, block)
+
+
+@pytest.mark.parametrize("family,used,zeroed", [("sm90", False, ""), ("sm90", True, "kv"), ("sm80", False, "qkv"),
+                                                ("sm80", True, "qkv")])
+def test_gradients_start_zeroed_only_where_the_kernel_writes_no_zeros(family, used, zeroed):
+    """The sm90 kernel writes every row of dq, dk and dv (zeros outside every sequence) except dk
+    and dv past seqused_k; the sm80 kernel only the rows it attends."""
+    q, k, v = torch.randn(6, 2, 8), torch.randn(9, 1, 8), torch.randn(9, 1, 8)
+    for name, t in zip("qkv", varlen_backward._gradients(family, q, k, v, used)):
+        assert t.shape == {"q": q, "k": k, "v": v}[name].shape
+        if name in zeroed:
+            assert not t.any(), (family, used, name)
