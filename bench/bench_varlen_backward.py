@@ -17,8 +17,8 @@ Implementations: `fa_gen` (fa_gen.varlen_backward.backward_varlen, the preferred
 `fa_gen_sm80` (the same call pinned to the sm80 family), `fa_gen_autograd` (torch.autograd.grad
 through fa_gen.attention_varlen), `fa4` (torch.autograd.grad through
 flash_attn.cute.flash_attn_varlen_func), `fa_gen_fixed` (equal cells: build_backward on the
-(8, 2048) batch). --check first compares every fa_gen kernel's gradients with the sm80 one's and
-with float64 autograd on the cell's first document.
+(8, 2048) batch). --check first compares the preferred kernel's gradients of the cell's first
+document with float64 autograd (and requires them finite everywhere).
 """
 
 from __future__ import annotations
