@@ -71,9 +71,11 @@ def _gradients(family: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u
     """dq, dk, dv as the kernel writes them: the sm90 kernel writes every row of every sequence
     and zeroes those outside them (but not the keys past seqused_k), the sm80 one only the rows
     of the sequences' attended keys and queries (the rest must start at 0)."""
+    def make(t: torch.Tensor, written: bool) -> torch.Tensor:
+        return (torch.empty if written else torch.zeros)(t.shape, dtype=t.dtype, device=t.device)
+
     own = family == "sm90"
-    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) if own and not (used and t is not q)
-                 else torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    return make(q, own), make(k, own and not used), make(v, own and not used)
 
 
 def _workspace(q: torch.Tensor, batch: int, head_dim_qk: int):
