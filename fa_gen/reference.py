@@ -166,3 +166,22 @@ def attention_fp8_same_precision(q8: torch.Tensor, k8: torch.Tensor, v8: torch.T
     out = torch.einsum("bhqk,bkhd->bqhd", p8, vx)
     norm = torch.where(total > 0, vd[:, :, None] / total, torch.zeros_like(total))  # (b, h, sq)
     return out * norm.permute(0, 2, 1).unsqueeze(-1)
+
+
+def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                     interleaved: bool) -> torch.Tensor:
+    """float64 rotary embedding of x (batch, s, heads, d): its first 2 * cos.shape[1] columns, in
+    pairs taken as complex numbers x1 + i x2, turned by e^(i theta) with cos theta / sin theta from
+    rows positions (batch, s) of the tables. Pairs are columns (2m, 2m + 1) when `interleaved`,
+    else (m, m + half) (GPT-NeoX). The yardstick of the KV-cache call's fused rotation."""
+    x = x.double()
+    half = cos.shape[1]
+    turn = torch.complex(cos.double(), sin.double())[positions][:, :, None, :]  # (batch, s, 1, half)
+    head = x[..., :2 * half]
+    if interleaved:
+        pairs = torch.view_as_complex(head.reshape(*head.shape[:-1], half, 2).contiguous())
+        turned = torch.view_as_real(pairs * turn).flatten(-2)
+    else:
+        pairs = torch.complex(head[..., :half], head[..., half:])
+        turned = torch.cat((torch.real(pairs * turn), torch.imag(pairs * turn)), dim=-1)
+    return torch.cat((turned, x[..., 2 * half:]), dim=-1)

@@ -169,8 +169,9 @@ def test_varlen_shapes_and_int64_cu_seqlens():
     (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9, block_table=q), "block_table"),
     (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9,
                                              alibi_slopes=torch.ones(2, 4)), "alibi_slopes"),
-    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, rotary_cos=q), "rotary_cos"),
-    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, cache_leftpad=q), "cache_leftpad"),
+    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, cache_leftpad=torch.zeros(2, dtype=torch.int32),
+                                              block_table=torch.zeros(2, 1, dtype=torch.int32)),
+     "cache_leftpad with page_table"),
 ])
 def test_unsupported_arguments_are_named(call, argument):
     q = _meta(2, 9, 4, 64)
@@ -189,6 +190,18 @@ def test_unsupported_arguments_are_named(call, argument):
     (lambda q: fa_gen.flash_attn_func(q, q[0], q), "k must be a 4-D"),
     (lambda q: fa_gen.flash_attn_func(q, q.half(), q), "share a dtype"),
     (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, k=q), "k and v together"),
+    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, rotary_cos=q[0, :, 0], rotary_sin=q[0, :, 0]),
+     "need k_new and v_new"),
+    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, k=q[:, :1], v=q[:, :1], cache_seqlens=1,
+                                              rotary_cos=q[0, :, 0, :4], rotary_sin=q[0, :, 0, :4]),
+     "multiple of 16"),
+    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, k=q[:, :1], v=q[:, :1], cache_seqlens=1,
+                                              rotary_cos=q[0, :, 0].float(), rotary_sin=q[0, :, 0].float()),
+     "must be q's"),
+    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, k=q[:, :1], v=q[:, :1], cache_seqlens=1,
+                                              rotary_cos=q[0, :, 0]), "go together"),
+    (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, cache_leftpad=torch.zeros(3, dtype=torch.int32)),
+     "cache_leftpad must be"),
 ])
 def test_bad_values_are_input_errors(call, message):
     with pytest.raises(InputError, match=message):
@@ -316,10 +329,12 @@ class _FakeKvcache:
         self.calls = []
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, spec, k_new=None, v_new=None, page_table=None,
-                 cache_batch_idx=None, num_splits=0, pack_gqa=None, inputs=None):
+                 cache_batch_idx=None, num_splits=0, pack_gqa=None, inputs=None, rotary_cos=None, rotary_sin=None,
+                 rotary_interleaved=True, cache_leftpad=None):
         self.calls.append(dict(cache_seqlens=cache_seqlens, spec=spec, k_new=k_new, v_new=v_new,
                                page_table=page_table, cache_batch_idx=cache_batch_idx, num_splits=num_splits,
-                               pack_gqa=pack_gqa, inputs=inputs))
+                               pack_gqa=pack_gqa, inputs=inputs, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                               rotary_interleaved=rotary_interleaved, cache_leftpad=cache_leftpad))
         return torch.zeros_like(q), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
 
@@ -343,6 +358,13 @@ def test_kvcache_arguments_map_onto_attention_with_kvcache(fake_kvcache):
     assert call["spec"].name == "fa_bf16_d128_causal_softcap" and call["inputs"] == {"softcap": 15.0}
     assert call["k_new"] is new and call["v_new"] is new and call["cache_seqlens"] is lengths
     assert call["num_splits"] == 3 and call["page_table"] is None and call["cache_batch_idx"].tolist() == [2, 0, 1]
+    assert call["rotary_cos"] is None and call["cache_leftpad"] is None
+    cos, sin = torch.randn(200, 32, dtype=torch.bfloat16), torch.randn(200, 32, dtype=torch.bfloat16)
+    fa_gen.flash_attn_with_kvcache(q, cache, cache, k=new, v=new, cache_seqlens=lengths, rotary_cos=cos,
+                                   rotary_sin=sin, rotary_interleaved=False, cache_leftpad=torch.tensor([1, 0, 2]))
+    call = fake_kvcache.calls[-1]
+    assert call["rotary_cos"] is cos and call["rotary_sin"] is sin and call["rotary_interleaved"] is False
+    assert call["cache_leftpad"].dtype == torch.int32 and call["cache_leftpad"].tolist() == [1, 0, 2]
 
 
 def test_kvcache_int_and_missing_lengths_and_block_table(fake_kvcache):

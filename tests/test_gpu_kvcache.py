@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import fa_gen
 from fa_gen.check import compare
+from fa_gen.reference import rotary_reference
 from fa_gen.runtime import resolve_spec
 from fa_gen.spec_load import load_spec
 
@@ -259,3 +260,55 @@ def _load_into(static, case):
 def _region(case):
     """Where a case's (smaller) caches sit in the captured ones: their leading corner."""
     return tuple(slice(0, n) for n in case.k_cache.shape[:2])
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "leftpad", "paged16", "paged64"])
+@pytest.mark.parametrize("spec_index", [0, 2, 3])
+def test_rotary_and_leftpad_match_reference(arch, interleaved, layout, spec_index):
+    """flash_attn_with_kvcache's rotary_cos / rotary_sin and cache_leftpad: the new keys land in the
+    cache rotated at their slots, queries are rotated at their own positions under a causal mask
+    and at the first new token's without one, and each sequence attends its slots from its left pad
+    on (the pad slots hold NaN: reading one fails the test)."""
+    spec = SPECS[spec_index]
+    dtype, dim = _dtype(spec), spec.head_dim_qk
+    generator = torch.Generator(device="cuda").manual_seed(spec_index * 8 + 2 * interleaved + len(layout))
+    pads = [0, 3, 0, 40, 7] if layout == "leftpad" else [0] * 5
+    lengths = [0, 5, 77, 300, 1]  # keys each sequence holds before the call (after its pad)
+    seqlen_q = seqlen_new = 3
+    page_size = {"paged16": 16, "paged64": 64}.get(layout)
+    case = Case(spec, [p + n for p, n in zip(pads, lengths)], seqlen_q, seqlen_new, (8, 2), generator, page_size,
+                slack=1)
+    for b, pad in enumerate(pads):  # the pad slots: NaN, never to be read
+        if pad:
+            case.k_cache[case._slots(b, 0, pad)] = math.nan
+            case.v_cache[case._slots(b, 0, pad)] = math.nan
+    rotary_dim = dim if interleaved else dim // 2
+    angles = torch.rand(400, rotary_dim // 2, generator=generator, device="cuda") * 2 * math.pi
+    cos, sin = torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+    inputs = _inputs(spec, generator, 8)
+    expected_k, expected_v = case.expected_caches()
+    leftpad = torch.tensor(pads, dtype=torch.int32, device="cuda") if layout == "leftpad" else None
+    out, lse = case.call(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved, cache_leftpad=leftpad,
+                         inputs=inputs)
+    starts = case.cache_seqlens.long()
+    key_positions = starts[:, None] + torch.arange(seqlen_new, device="cuda")
+    own = spec.mask.value != "none" or spec.mask_expr is not None
+    query_positions = key_positions if own else starts[:, None].expand(-1, seqlen_q)
+    new_keys = rotary_reference(case.k_new, cos, sin, key_positions, interleaved)
+    queries = rotary_reference(case.q, cos, sin, query_positions, interleaved).to(dtype)
+    failures = []
+    for b, (pad, n) in enumerate(zip(pads, lengths)):
+        appended = case._slots(b, pad + n, pad + n + seqlen_new)
+        got = case.k_cache[appended].double()
+        # One rounding to the cache's dtype after float32 arithmetic.
+        assert ((got - new_keys[b]).abs() <= 2 ** -7 * new_keys[b].abs() + 2 ** -12).all(), f"sequence {b}: keys"
+        assert torch.equal(case.v_cache[appended], case.v_new[b])
+        expected_k[appended] = case.k_cache[appended]  # checked above; the rest must be as it was
+        keys = case.k_cache[case._slots(b, pad, pad + n + seqlen_new)]
+        values = case.v_cache[case._slots(b, pad, pad + n + seqlen_new)]
+        result = compare(spec, queries[b:b + 1], keys[None], values[None], out[b:b + 1], lse[b:b + 1], inputs)
+        if not result.ok:
+            failures.append(f"sequence {b} {result}")
+    assert _same(case.k_cache, expected_k) and _same(case.v_cache, expected_v), "the append wrote wrong slots"
+    assert not failures, f"{layout}, interleaved {interleaved}: " + "; ".join(failures)

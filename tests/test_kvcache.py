@@ -11,6 +11,7 @@ from fa_gen.api.kvcache import append_to_cache
 from fa_gen.errors import InputError
 from fa_gen.families.sm80 import GQA_PACKS, INFERENCE_KINDS
 from fa_gen.inference import forward_paged, packed_kind
+from fa_gen.reference import rotary_reference
 from fa_gen.render import render
 from fa_gen.runtime import resolve_spec
 
@@ -182,3 +183,94 @@ def test_uniform_offsets_are_made_once_per_shape(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     fresh = kvcache.uniform_offsets(1, 1000, torch.device("cpu"))
     assert fresh.tolist() == [0, 1000] and (1, 1000, "cpu") not in kvcache._OFFSETS
+
+
+# --- rotary embedding fused into the append ------------------------------------------------------
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("rotary_dim", [16, 64])
+def test_rotate_matches_complex_rotation(interleaved, rotary_dim):
+    from fa_gen.append import rotate
+
+    generator = torch.Generator().manual_seed(rotary_dim + interleaved)
+    x = torch.randn(3, 5, 2, 64, generator=generator)
+    angles = torch.rand(40, rotary_dim // 2, generator=generator) * 6.3
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    positions = torch.randint(0, 40, (3, 5), generator=generator)
+    got = rotate(x, cos, sin, positions, interleaved)
+    want = rotary_reference(x, cos, sin, positions, interleaved)
+    assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[..., rotary_dim:], x[..., rotary_dim:])
+    # The other pairing rotates different columns: the test can tell them apart.
+    other = rotary_reference(x, cos, sin, positions, not interleaved)
+    assert not torch.allclose(got.double(), other, atol=1e-3)
+
+
+@pytest.mark.parametrize("own_positions", [True, False])
+def test_append_with_rotary_rotates_keys_and_returns_rotated_queries(own_positions):
+    from fa_gen.append import Rotary
+
+    generator = torch.Generator().manual_seed(7)
+    heads, dim = 2, 32
+    k_cache = torch.full((2, 12, heads, dim), float("nan"))
+    v_cache = k_cache.clone()
+    lengths = torch.tensor([3, 6], dtype=torch.int32)
+    k_new, v_new = torch.randn(2, 2, heads, dim, generator=generator), torch.randn(2, 2, heads, dim, generator=generator)
+    q = torch.randn(2, 2, 4, dim, generator=generator)
+    angles = torch.rand(12, 8, generator=generator) * 6.3
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    q_out = append_to_cache(k_cache, v_cache, k_new, v_new, lengths,
+                            rotary=Rotary(cos, sin, False, q, own_positions))
+    key_positions = lengths.long()[:, None] + torch.arange(2)
+    keys = rotary_reference(k_new, cos, sin, key_positions, False)
+    query_positions = key_positions if own_positions else lengths.long()[:, None].expand(2, 2)
+    queries = rotary_reference(q, cos, sin, query_positions, False)
+    for b, n in enumerate(lengths.tolist()):
+        assert torch.allclose(k_cache[b, n:n + 2].double(), keys[b], atol=1e-5)
+        assert torch.equal(v_cache[b, n:n + 2], v_new[b])
+    assert torch.allclose(q_out.double(), queries, atol=1e-5)
+    assert int((~torch.isnan(k_cache[..., 0, 0])).sum()) == 4
+
+
+def test_rotary_and_leftpad_arguments_are_checked():
+    q = torch.zeros(2, 1, 8, 128, dtype=BF16)
+    new = torch.zeros(2, 1, 2, 128, dtype=BF16)
+    table = torch.zeros(40, 32, dtype=BF16)
+    with pytest.raises(InputError, match="need k_new"):
+        _call(rotary_cos=table, rotary_sin=table)
+    with pytest.raises(InputError, match="go together"):
+        _call(k_new=new, v_new=new, rotary_cos=table)
+    with pytest.raises(InputError, match="multiple of 16"):
+        _call(k_new=new, v_new=new, rotary_cos=table[:, :4], rotary_sin=table[:, :4])
+    with pytest.raises(InputError, match="multiple of 16"):
+        wide = torch.zeros(40, 72, dtype=BF16)
+        _call(k_new=new, v_new=new, rotary_cos=wide, rotary_sin=wide)
+    with pytest.raises(InputError, match="one shape"):
+        _call(k_new=new, v_new=new, rotary_cos=table, rotary_sin=table[:20])
+    with pytest.raises(InputError, match="must be q's"):
+        _call(k_new=new, v_new=new, rotary_cos=table.float(), rotary_sin=table.float())
+    with pytest.raises(InputError, match="cache_leftpad must be"):
+        _call(q=q, cache_leftpad=torch.zeros(2, dtype=torch.int64))
+    from fa_gen.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="cache_leftpad with page_table"):
+        _call(k_cache=torch.zeros(4, 16, 2, 128, dtype=BF16), page_table=torch.zeros(2, 2, dtype=torch.int32),
+              cache_leftpad=torch.zeros(2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("style", ["interleaved", "halves"])
+def test_rotary_append_kernel_compiles(tmp_path, monkeypatch, arch, style):
+    from fa_gen.append import render_append
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", arch)
+    for dtype, dk, dv, rows, rotary_dim in ((torch.bfloat16, 128, 128, "pages", 128),
+                                            (torch.float16, 64, 64, "index", 32)):
+        source = render_append(dtype, dk, dv, rows, style, rotary_dim)
+        assert f"ROTARY = \"{style}\"" in source and f"ROTARY_DIM = {rotary_dim}" in source
+        object_path = tmp_path / f"append_{style}_{dk}.o"
+        compile_to_object(source, arch, object_path, label="append_kv")
+        assert object_path.stat().st_size > 0
+    assert "def rotate_lane" not in render_append(torch.bfloat16, 128, 128, "batch")

@@ -112,14 +112,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """FlashAttention's flash_attn_with_kvcache over fa_gen.attention_with_kvcache: q (batch, seqlen_q,
     heads, d); k_cache/v_cache (batch_cache, seqlen_cache, heads_kv, d), or (num_blocks, page_size,
     heads_kv, d) with block_table (batch, max_blocks) int32; k/v new tokens appended in place at
-    cache_seqlens (int or (batch,) int32). Forward only, as FlashAttention's."""
+    cache_seqlens (int or (batch,) int32); rotary_cos/rotary_sin rotate q and the new keys (fused
+    into the append, FlashAttention's positions); cache_leftpad starts sequences past slot 0 of a
+    contiguous cache. Forward only, as FlashAttention's."""
     _refuse_fp8(q, "flash_attn_with_kvcache")
-    if rotary_cos is not None or rotary_sin is not None:
-        raise UnsupportedError("rotary_cos / rotary_sin", [
-            "rotary embedding inside the attention call is not implemented; rotate q and k before the call"])
-    if cache_leftpad is not None:
-        raise UnsupportedError("cache_leftpad", ["left-padded caches are not implemented; pass each sequence's "
-                                                 "tokens from slot 0 with cache_seqlens"])
     if (k is None) != (v is None):
         raise InputError("flash_attn_with_kvcache: pass k and v together (new tokens to append), or neither")
     _check_qkv(q, k_cache, v_cache, "(batch, seqlen, heads, head_dim)")
@@ -128,7 +124,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                    heads=q.shape[2], batch=q.shape[0])
     result = _kvcache_function()(q, k_cache, v_cache, lengths, spec_from_key(key), k_new=k, v_new=v,
                                  page_table=block_table, cache_batch_idx=cache_batch_idx,
-                                 num_splits=int(num_splits), pack_gqa=None, inputs=inputs)
+                                 num_splits=int(num_splits), pack_gqa=None, inputs=inputs, rotary_cos=rotary_cos,
+                                 rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+                                 cache_leftpad=_int32(cache_leftpad) if cache_leftpad is not None else None)
     out, lse = result if isinstance(result, tuple) else (result, None)
     return (out, lse) if return_softmax_lse else out
 

@@ -15,23 +15,26 @@ v_cache the latent cache's first 512 columns.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
-from ..append import append_to_cache
+from ..append import Rotary, append_to_cache
 from ..autograd import spec_from_key, spec_key
 from ..errors import InputError, UnsupportedError
 from ..inference import forward_paged, forward_varlen
 from ..mla import mla_decode
 from ..runtime import _TORCH_DTYPES
-from ..spec import MLA_HEAD_DIMS, Spec
+from ..spec import MLA_HEAD_DIMS, MaskKind, Spec
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens,
                            spec: Spec | str | os.PathLike, k_new: torch.Tensor | None = None,
                            v_new: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
                            cache_batch_idx: torch.Tensor | None = None, num_splits: int = 0,
-                           pack_gqa: bool | None = None, inputs=None):
+                           pack_gqa: bool | None = None, inputs=None, rotary_cos: torch.Tensor | None = None,
+                           rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
+                           cache_leftpad: torch.Tensor | None = None):
     """Attention of q against a KV cache, after writing k_new/v_new into it: `out, lse` (or
     `out` when the spec has return_lse false). Forward only (inference): no autograd graph is
     recorded (torch.no_grad semantics) and no gradient flows to any argument.
@@ -53,6 +56,18 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_splits: key splits per query tile (0: chosen from the shapes and the SM count).
     pack_gqa: the query heads of a KV head on one tile's rows (None: when seqlen_q is short).
     inputs: the spec's declared inputs (scalars, or tensors shaped by heads / constants).
+    rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) tables of q's dtype, rotary_dim a multiple
+        of 16 up to the head dim (FlashAttention's kvcache convention; needs k_new/v_new). The
+        first rotary_dim columns of each new key are rotated by row cache_seqlens[b] + j on their
+        way into the cache, and query i by row cache_seqlens[b] + i, or cache_seqlens[b] for
+        every query where the spec has no mask (q itself is left as it is). Pairs are columns
+        (2m, 2m + 1) with rotary_interleaved, else (m, m + rotary_dim / 2) (GPT-NeoX). Rows past
+        the tables' end take their last row: keep positions inside them. Fused into the append's
+        one launch.
+    cache_leftpad: (batch,) int32, where each sequence's keys start in a contiguous cache (slots
+        before it are not attended; default 0). cache_seqlens and positions stay cache slots:
+        sequence b attends slots cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1, masks
+        and ALiBi count from cache_leftpad[b]. Not with page_table (as in FlashAttention).
 
     Queries align with the end of their sequence's keys as the spec's mask says (bottom-right by
     default: query i of seqlen_q sees keys up to cache_seqlens + seqlen_new - seqlen_q + i), so
@@ -62,25 +77,44 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # A name or path is parsed once per process (spec_key memoises it), not once per decode step.
     spec = spec if isinstance(spec, Spec) else spec_from_key(spec_key(spec))
     with torch.no_grad():
+        extras = _Extras(rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad)
         out, lse = _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx,
-                           int(num_splits), pack_gqa, inputs)
+                           int(num_splits), pack_gqa, inputs, extras)
     return (out, lse) if spec.return_lse else out
 
 
+@dataclass(frozen=True)
+class _Extras:
+    """The kvcache call's FlashAttention extras: rotary embedding tables and left padding."""
+
+    rotary_cos: torch.Tensor | None = None
+    rotary_sin: torch.Tensor | None = None
+    rotary_interleaved: bool = True
+    cache_leftpad: torch.Tensor | None = None
+
+
 def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx, num_splits,
-            pack_gqa, inputs):
+            pack_gqa, inputs, extras=_Extras()):
     _check_call(spec, q, k_cache, v_cache, k_new, v_new, page_table, cache_batch_idx)
     mla = (spec.head_dim_qk, spec.head_dim_v) == MLA_HEAD_DIMS
     if mla:
-        _check_mla(spec, k_cache, v_cache, k_new, v_new, cache_batch_idx)
+        _check_mla(spec, k_cache, v_cache, k_new, v_new, cache_batch_idx, extras)
+    _check_extras(spec, q, k_new, page_table, extras)
     batch, seqlen_q, heads_q, _ = q.shape
     lengths = _cache_lengths(cache_seqlens, batch, q.device)
     _check_devices(q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, page_table=page_table,
-                   cache_batch_idx=cache_batch_idx, cache_seqlens=lengths)
+                   cache_batch_idx=cache_batch_idx, cache_seqlens=lengths, rotary_cos=extras.rotary_cos,
+                   rotary_sin=extras.rotary_sin, cache_leftpad=extras.cache_leftpad)
     seqlen_new = 0
     if k_new is not None:
         seqlen_new = k_new.shape[1]
-        append_to_cache(k_cache, v_cache, k_new, v_new, lengths, page_table, cache_batch_idx)
+        rotary = None
+        if extras.rotary_cos is not None:
+            # FlashAttention's rule: queries at their own positions under a causal or local mask.
+            own = spec.mask != MaskKind.NONE or spec.mask_expr is not None
+            rotary = Rotary(extras.rotary_cos, extras.rotary_sin, bool(extras.rotary_interleaved), q, own)
+        rotated = append_to_cache(k_cache, v_cache, k_new, v_new, lengths, page_table, cache_batch_idx, rotary)
+        q = rotated if rotary is not None else q
     seqused = lengths + seqlen_new if seqlen_new else lengths
     if mla:
         return _attend_mla(spec, q, k_cache, seqused, page_table, num_splits)
@@ -92,14 +126,15 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
                                  num_splits or None, inputs, pack_gqa=pack_gqa)
     else:
         out, lse = _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q, cache_batch_idx,
-                                      num_splits, inputs, pack_gqa)
+                                      num_splits, inputs, pack_gqa, extras.cache_leftpad)
     return out.view(batch, seqlen_q, heads_q, -1), lse.view(heads_q, batch, seqlen_q).permute(1, 0, 2)
 
 
 def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q, cache_batch_idx, num_splits,
-                       inputs, pack_gqa):
+                       inputs, pack_gqa, leftpad=None):
     """A contiguous cache as one packed key tensor: sequence b's keys start at row
-    cache_batch_idx[b] * seqlen_cache (cu_seqlens_k's last entry is never read: seqused_k is set).
+    cache_batch_idx[b] * seqlen_cache (cu_seqlens_k's last entry is never read: seqused_k is set),
+    plus cache_leftpad[b] (`leftpad`), its length then seqused[b] - cache_leftpad[b].
     With seqused_k set, forward_varlen keeps to the split kinds, which zero-fill key rows past a
     sequence's length: a cache's unused slots may hold anything, NaN included."""
     batch_cache, seqlen_cache, heads_kv, _ = k_cache.shape
@@ -109,6 +144,9 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     else:
         rows = cache_batch_idx.to(torch.int32)
         cu_k = torch.cat([rows * seqlen_cache, rows.new_zeros(1)])
+    if leftpad is not None:  # two device ops; the offsets stay device values
+        cu_k = cu_k + torch.nn.functional.pad(leftpad, (0, 1))
+        seqused = (seqused - leftpad).clamp_(min=0)
     k = k_cache.view(batch_cache * seqlen_cache, heads_kv, k_cache.shape[-1])
     v = v_cache.view(batch_cache * seqlen_cache, heads_kv, v_cache.shape[-1])
     return forward_varlen(spec, packed_q, k, v, cu_q, cu_k, seqlen_q, seqlen_cache, seqused, num_splits or None,
@@ -141,7 +179,7 @@ _OFFSETS: dict[tuple, torch.Tensor] = {}
 _OFFSETS_KEPT = 64
 
 
-def _check_mla(spec, k_cache, v_cache, k_new, v_new, cache_batch_idx) -> None:
+def _check_mla(spec, k_cache, v_cache, k_new, v_new, cache_batch_idx, extras=_Extras()) -> None:
     """An MLA spec (qk 576, v 512) reads V from the latent cache itself: v_cache (and v_new)
     must be the first 512 columns of k_cache (and k_new)."""
     for name, v, k in (("v_cache", v_cache, k_cache), ("v_new", v_new, k_new)):
@@ -153,6 +191,10 @@ def _check_mla(spec, k_cache, v_cache, k_new, v_new, cache_batch_idx) -> None:
     if cache_batch_idx is not None:
         raise UnsupportedError("cache_batch_idx with an MLA spec", ["MLA decode reads sequence b from cache row b "
                                                                    "(or through page_table)"])
+    if extras.rotary_cos is not None or extras.rotary_sin is not None or extras.cache_leftpad is not None:
+        raise UnsupportedError("rotary_cos / rotary_sin / cache_leftpad with an MLA spec", [
+            "MLA decode takes its rotary part already applied (the 64 rope columns of the latent cache) and "
+            "sequences from slot 0"])
 
 
 def _attend_mla(spec, q, k_cache, seqused, page_table, num_splits):
@@ -172,6 +214,38 @@ def _cache_lengths(cache_seqlens, batch: int, device) -> torch.Tensor:
                else type(cache_seqlens).__name__)
         raise InputError(f"cache_seqlens must be an int or an int32 tensor of shape ({batch},); got {got}")
     return cache_seqlens.contiguous()
+
+
+def _check_extras(spec: Spec, q, k_new, page_table, extras: _Extras) -> None:
+    """The rotary tables (both or neither, with k_new; (seqlen_ro, rotary_dim / 2) of q's dtype,
+    rotary_dim a multiple of 16 up to the head dim) and cache_leftpad ((batch,) int32, not paged)."""
+    cos, sin = extras.rotary_cos, extras.rotary_sin
+    if (cos is None) != (sin is None):
+        raise InputError("rotary_cos and rotary_sin go together: pass both or neither")
+    if cos is not None:
+        if k_new is None:
+            raise InputError("rotary_cos / rotary_sin need k_new and v_new: the new keys are what gets rotated "
+                             "(as in FlashAttention's kvcache call)")
+        for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2:
+                raise InputError(f"{name} must be a 2-D tensor (seqlen_ro, rotary_dim / 2)")
+            if t.dtype != q.dtype:
+                raise InputError(f"{name} has dtype {t.dtype}; it must be q's ({q.dtype})")
+        if cos.shape != sin.shape or cos.shape[0] == 0:
+            raise InputError(f"rotary_cos {tuple(cos.shape)} and rotary_sin {tuple(sin.shape)} must have one shape "
+                             "(seqlen_ro >= 1, rotary_dim / 2)")
+        dim = 2 * cos.shape[1]
+        if dim == 0 or dim % 16 or dim > spec.head_dim_qk:
+            raise InputError(f"rotary_dim (2 * rotary_cos.shape[1] = {dim}) must be a multiple of 16 from 16 to the "
+                             f"head dim {spec.head_dim_qk}")
+    pad = extras.cache_leftpad
+    if pad is not None:
+        if page_table is not None:
+            raise UnsupportedError("cache_leftpad with page_table", [
+                "left padding is for contiguous caches (FlashAttention refuses the pair too): a paged cache "
+                "starts each sequence at its first page"])
+        if not isinstance(pad, torch.Tensor) or pad.dtype != torch.int32 or tuple(pad.shape) != (q.shape[0],):
+            raise InputError(f"cache_leftpad must be an int32 tensor of shape ({q.shape[0]},)")
 
 
 def _check_call(spec: Spec, q, k_cache, v_cache, k_new, v_new, page_table, cache_batch_idx) -> None:
