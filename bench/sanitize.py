@@ -106,6 +106,22 @@ def paged_append(spec="causal_bf16_d128"):
     return bool(torch.isfinite(out).all())
 
 
+def rotary_append(interleaved=False):
+    """The append kernel with rotary tables (a rotary_dim below the head dim, positions past the
+    tables' end clamped) and a left-padded contiguous cache."""
+    spec = resolve_spec("causal_bf16_d128")
+    batch = 3
+    k_cache, v_cache = _randn(batch, 300, 2, 128, seed=20), _randn(batch, 300, 2, 128, seed=21)
+    lengths = torch.tensor([0, 17, 250], dtype=torch.int32, device="cuda")
+    q, k_new, v_new = _randn(batch, 2, 8, 128, seed=22), _randn(batch, 2, 2, 128, seed=23), _randn(batch, 2, 2, 128, seed=24)
+    angles = torch.rand(200, 32, device="cuda") * 6.28  # rotary_dim 64; the last sequence's positions pass row 199
+    cos, sin = torch.cos(angles).to(q.dtype), torch.sin(angles).to(q.dtype)
+    out, lse = fa_gen.attention_with_kvcache(q, k_cache, v_cache, lengths, spec, k_new=k_new, v_new=v_new,
+                                             rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved,
+                                             cache_leftpad=torch.tensor([0, 5, 100], dtype=torch.int32, device="cuda"))
+    return bool(torch.isfinite(out).all())
+
+
 def expression(spec="alibi"):
     spec = resolve_spec(spec)
     heads = 4
@@ -234,6 +250,8 @@ CASES = {
     "varlen": varlen,
     "split_decode": split_decode,
     "paged_append": paged_append,
+    "rotary_append": rotary_append,
+    "rotary_interleaved": lambda: rotary_append(True),
     "alibi_supplied": lambda: expression("alibi_supplied"),
     "sink_logit": lambda: expression("sink_logit"),
     "padded_head_dim": padded_head_dim,

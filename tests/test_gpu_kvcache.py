@@ -208,10 +208,12 @@ def test_kvcache_matches_reference_per_sequence(arch, data, lengths, seed):
     assert not failures, f"page_size {page_size}, lengths {lengths}: " + "; ".join(failures)
 
 
-@pytest.mark.parametrize("page_size", [None, 1, 16, 48, 256])
-def test_cuda_graph_replays_with_new_lengths_and_page_tables(arch, page_size):
+@pytest.mark.parametrize("page_size, rotary", [(None, False), (1, False), (16, False), (48, False), (256, False),
+                                               (None, True), (16, True)])
+def test_cuda_graph_replays_with_new_lengths_and_page_tables(arch, page_size, rotary):
     """One decode step (seqlen_q 1, one new token, GQA 4) captured once, replayed with new
-    cache lengths, page tables and queries copied into the captured tensors."""
+    cache lengths, page tables and queries copied into the captured tensors; with `rotary`, the
+    step also rotates q and the new key (its positions move with the new lengths)."""
     spec = SPECS[0]
     generator = torch.Generator(device="cuda").manual_seed(page_size or 7)
     heads = (8, 2)
@@ -219,24 +221,45 @@ def test_cuda_graph_replays_with_new_lengths_and_page_tables(arch, page_size):
     cases = [Case(spec, lengths, 1, 1, heads, generator, page_size, slack=0, shuffle=True) for lengths in draws]
     # The captured tensors: sized for the largest draw (the graph's shapes never change).
     static = Case(spec, [2000] * 4, 1, 1, heads, generator, page_size, slack=0)
+    options = {}
+    if rotary:
+        angles = torch.rand(2100, 32, generator=generator, device="cuda") * 2 * math.pi
+        options = dict(rotary_cos=torch.cos(angles).to(torch.bfloat16), rotary_sin=torch.sin(angles).to(torch.bfloat16),
+                       rotary_interleaved=False)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        static.call()  # compiles and loads every kernel of the step before capture
+        static.call(**options)  # compiles and loads every kernel of the step before capture
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out, lse = static.call()
+        out, lse = static.call(**options)
     for case in cases:
         _load_into(static, case)
         expected_k, expected_v = case.expected_caches()
         graph.replay()
         torch.cuda.synchronize()
         region = _region(case)
-        assert _same(static.k_cache[region], expected_k), "the append wrote wrong slots"
+        if rotary:  # the appended rows, rotated at their slots (the rest as the case left them)
+            case.q = _rotated(case.q, options, case.cache_seqlens)
+            for b, n in enumerate(case.lengths):
+                where = case._slots(b, n, n + 1)
+                expected_k[where] = _rotated(case.k_new[b:b + 1], options, case.cache_seqlens[b:b + 1])[0]
+                case.keys[b] = torch.cat([case.keys[b][:n], static.k_cache[region][where]])
+            close = (static.k_cache[region] - expected_k).abs() <= 2 ** -7 * expected_k.abs() + 2 ** -12
+            assert bool((close | expected_k.isnan() & static.k_cache[region].isnan()).all()), "rotated keys"
+        else:
+            assert _same(static.k_cache[region], expected_k), "the append wrote wrong slots"
         assert _same(static.v_cache[region], expected_v)
         failures = case.failures(out, lse, None)
         assert not failures, f"lengths {case.lengths}: " + "; ".join(failures)
+
+
+def _rotated(x, options, starts):
+    """x (batch, 1, heads, d) rotated at rows starts (batch,) of the case's tables, float64 ->
+    x's dtype (one new token and one query per sequence: the same positions)."""
+    return rotary_reference(x, options["rotary_cos"], options["rotary_sin"], starts.long()[:, None],
+                            options["rotary_interleaved"]).to(x.dtype)
 
 
 def _load_into(static, case):
