@@ -181,6 +181,22 @@ def test_sm90_varlen_render_guards_every_sequence_end_and_the_fixed_render_does_
         assert name not in fixed, name
 
 
+@pytest.mark.parametrize("kind", ["backward", "backward_varlen", "backward_dropout"])
+def test_sm90_backward_kernels_chain_by_programmatic_launch(kind):
+    """Every kernel of the Hopper backward's chain is launched as a programmatic dependent and
+    waits at its head (griddepcontrol.wait) before it touches global memory: one launch, one
+    wait and one trigger per kernel, the wait before the kernel's first global-memory read."""
+    text = render(resolve_spec("causal_bf16_d128"), "sm_90a", "sm90", kind=kind).text
+    kernels = text.count("@cute.kernel")
+    assert kernels == (4 if kind == "backward_varlen" else 3)
+    assert text.count(".launch(") == text.count("use_pdl=True") == kernels
+    assert text.count("cute.arch.griddepcontrol_wait()") == text.count("griddepcontrol_launch_dependents()") == kernels
+    for body in text.split("@cute.kernel")[1:]:
+        head = body[:body.index("cute.arch.griddepcontrol_wait()")]
+        # Before the wait: the signature, docstring, shared-memory and barrier set-up only.
+        assert "mCuSeqlens" not in head.split('):', 1)[1] and "copy(" not in head and "[batch" not in head
+
+
 class _Cu:
     """cu_seqlens as the template's expressions index it, on host ints."""
 

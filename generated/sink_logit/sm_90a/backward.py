@@ -329,7 +329,7 @@ class FlashAttentionBackward:
         heads_q, batch = mQ.shape[2], mQ.shape[0]
         self.prepare(mO, mdO, mLSE, mdQaccum, mLSElog2, mDPsum, mSemaphore).launch(
             grid=(cute.ceil_div(mQ.shape[1], PREPARE_ROWS), heads_q, batch), block=[PREPARE_ROWS, 1, 1],
-            stream=stream)
+            stream=stream, use_pdl=True)
         self.launch_main(mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic,
                          x_sinks,
                          stream)
@@ -349,7 +349,7 @@ class FlashAttentionBackward:
 
         self.finalize_dq(mdQaccum, tma_dQ, tma_atom_dQ, sdQ_layout, StorageDQ).launch(
             grid=(cute.ceil_div(mdQ.shape[1], TILE_M), mdQ.shape[2], mdQ.shape[0]), block=[MMA_THREADS, 1, 1],
-            smem=StorageDQ.size_in_bytes(), stream=stream)
+            smem=StorageDQ.size_in_bytes(), stream=stream, use_pdl=True)
 
     @cute.jit
     def launch_main(self, mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic,
@@ -403,7 +403,7 @@ class FlashAttentionBackward:
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dK, tma_atom_dV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, SharedStorage,
         ).launch(grid=(cute.ceil_div(mK.shape[1], TILE_N), mK.shape[2], mK.shape[0]), block=[self.num_threads, 1, 1],
-                 smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
+                 smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1, use_pdl=True)
 
     # ---------------------------------------------------------------------------------------
     # Pre-pass: one thread per query row.
@@ -411,6 +411,8 @@ class FlashAttentionBackward:
     @cute.kernel
     def prepare(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdQaccum: cute.Tensor,
                 mLSElog2: cute.Tensor, mDPsum: cute.Tensor, mSemaphore: cute.Tensor):
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         block, head, batch = cute.arch.block_idx()
         seqlen_q = mO.shape[1]
@@ -496,6 +498,8 @@ class FlashAttentionBackward:
         # Every mbarrier is initialised before any thread waits on one.
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
 
         # The swizzle lives in the pointer, as TMA and the wgmma descriptors expect.
         smem = Operands()
@@ -944,6 +948,8 @@ class FlashAttentionBackward:
     def finalize_dq(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, tma_atom_dQ: cute.CopyAtom,
                     sdQ_layout: cute.ComposedLayout, StorageDQ: cutlass.Constexpr):
         """mdQ is the TMA coordinate tensor (seqlen_q, head_dim_qk, heads_q, batch)."""
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         warpgroup_idx = tidx // WARPGROUP_THREADS
