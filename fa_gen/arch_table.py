@@ -67,3 +67,10 @@ def arch_for_capability(major: int, minor: int) -> str:
             return info.name
     raise UnsupportedError(f"compute capability {major}.{minor}",
                            [f"no target known; known: {', '.join(ARCHS)}"])
+
+
+def programmatic_launch(arch: str) -> bool:
+    """Whether kernels for `arch` may chain by programmatic dependent launch (PTX griddepcontrol,
+    CUDA's programmatic stream serialization): compute capability 9.0 on."""
+    info = ARCHS.get(arch)
+    return info is not None and info.compute_capability >= (9, 0)

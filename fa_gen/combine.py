@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from .arch_table import programmatic_launch
 from .errors import InputError
 from .helper_kernels import load_helper_kernel
 from .render import environment
@@ -66,16 +67,11 @@ def slices_for(pairs: int, parts: int, head_dim: int, in_dtype: torch.dtype) -> 
     return max(1, _SLICED_THREADS // lanes)
 
 
-def _has_pdl(arch: str) -> bool:
-    """Programmatic dependent launch (griddepcontrol) exists from sm_90 on."""
-    return int(arch.removeprefix("sm_").rstrip("af")) >= 90
-
-
 @functools.lru_cache(maxsize=None)
 def combine_kernel(head_dim: int, dtype: torch.dtype, arch: str, in_dtype: torch.dtype = torch.float32,
                    slices: int = 1):
     """The compiled combine for (head_dim, dtype, in_dtype, slices) on `arch`, from the cache or built."""
-    source = render_combine(head_dim, dtype, in_dtype, slices, pdl=_has_pdl(arch))
+    source = render_combine(head_dim, dtype, in_dtype, slices, pdl=programmatic_launch(arch))
     return load_helper_kernel(source, f"combine_d{head_dim}_{_DTYPES[in_dtype]}_{_DTYPES[dtype]}_s{slices}",
                               "combine", arch)
 

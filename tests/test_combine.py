@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from fa_gen.combine import HEAD_DIMS, _aligned, _has_pdl, merge_attention_states, merge_reference, render_combine, slices_for
+from fa_gen.arch_table import programmatic_launch
+from fa_gen.combine import HEAD_DIMS, _aligned, merge_attention_states, merge_reference, render_combine, slices_for
 from fa_gen.errors import InputError
 
 
@@ -107,7 +108,20 @@ def test_combine_compiles(tmp_path, monkeypatch, arch, head_dim):
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
     for i, (dtype, in_dtype, slices) in enumerate(_variants(head_dim)):
         object_path = tmp_path / f"c{head_dim}_{i}.o"
-        source = render_combine(head_dim, dtype, in_dtype, slices, pdl=_has_pdl(arch))
+        source = render_combine(head_dim, dtype, in_dtype, slices, pdl=programmatic_launch(arch))
         assert ("griddepcontrol_wait" in source) == (arch == "sm_90a")
         compile_to_object(source, arch, object_path, label="combine")
         assert object_path.stat().st_size > 0
+
+
+def test_programmatic_launch_from_sm90_on():
+    """The combine launches as a programmatic dependent of the split forward where the arch has
+    griddepcontrol (compute capability 9.0 on), and only there."""
+    from fa_gen.arch_table import ARCHS
+
+    assert [a for a in ("sm_75", "sm_80", "sm_86", "sm_89") if programmatic_launch(a)] == []
+    assert all(programmatic_launch(a) for a in ARCHS if ARCHS[a].compute_capability >= (9, 0))
+    assert not programmatic_launch("sm_91x")
+    for arch in ("sm_80", "sm_90a"):
+        source = render_combine(128, torch.bfloat16, pdl=programmatic_launch(arch))
+        assert ("use_pdl=True" in source) == (arch == "sm_90a") == ("griddepcontrol_wait()" in source)
