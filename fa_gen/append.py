@@ -76,11 +76,12 @@ def append_kernel(dtype: torch.dtype, head_dim_k: int, head_dim_v: int, rows: st
 
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                     cache_seqlens: torch.Tensor, page_table: torch.Tensor | None = None,
-                    cache_batch_idx: torch.Tensor | None = None, rotary: Rotary | None = None):
+                    cache_batch_idx: torch.Tensor | None = None, rotary: Rotary | None = None,
+                    arch: str | None = None):
     """Write k_new/v_new (batch, seqlen_new, heads_kv, d) into the caches in place at positions
     cache_seqlens[b] + j (cache_seqlens int32 (batch,) on the device). With `rotary`, the keys go
     in rotated and the rotated queries are returned (a new tensor); else None. Shapes are the
-    caller's to check (fa_gen.api.kvcache does)."""
+    caller's to check (fa_gen.api.kvcache does); `arch`: the caller's, else the current device's."""
     if rotary is not None and not k_new.shape[0] * (k_new.shape[1] + rotary.q.shape[1]):
         return torch.empty_like(rotary.q)
     if rotary is None and k_new.shape[0] * k_new.shape[1] == 0:
@@ -96,11 +97,11 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.T
     else:
         rows, lookup = cache_seqlens, "batch"  # not read
     if rotary is None:
-        kernel = append_kernel(k_new.dtype, k_new.shape[-1], v_new.shape[-1], lookup, current_arch())
+        kernel = append_kernel(k_new.dtype, k_new.shape[-1], v_new.shape[-1], lookup, arch or current_arch())
         kernel(k_new, v_new, k_cache, v_cache, cache_seqlens, rows)
         return None
-    kernel = append_kernel(k_new.dtype, k_new.shape[-1], v_new.shape[-1], lookup, current_arch(), rotary.style,
-                           rotary.dim)
+    kernel = append_kernel(k_new.dtype, k_new.shape[-1], v_new.shape[-1], lookup, arch or current_arch(),
+                           rotary.style, rotary.dim)
     q_out = torch.empty_like(rotary.q)
     kernel(k_new, v_new, k_cache, v_cache, cache_seqlens, rows, rotary.q, q_out, rotary.cos, rotary.sin,
            int(rotary.own_positions))

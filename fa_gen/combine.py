@@ -77,14 +77,15 @@ def combine_kernel(head_dim: int, dtype: torch.dtype, arch: str, in_dtype: torch
 
 
 def combine_splits(o_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                   slices: int | None = None) -> None:
+                   slices: int | None = None, arch: str | None = None) -> None:
     """Merge o_partial (S, rows, heads, d) fp32 (or out's dtype) and lse_partial (S, heads, rows)
     into `out` (rows, heads, d) and `lse` (heads, rows), in place. The split forward's internal
     contract: shapes and alignment are not re-checked here. `slices` pins the kernel variant
-    (tests); None picks it from the shapes."""
+    (tests); None picks it from the shapes. `arch`: the caller's, when it has it (else the current device's)."""
     parts, rows, heads, head_dim = o_partial.shape
     slices = slices or slices_for(rows * heads, parts, head_dim, o_partial.dtype)
-    combine_kernel(head_dim, out.dtype, current_arch(), o_partial.dtype, slices)(o_partial, lse_partial, out, lse)
+    kernel = combine_kernel(head_dim, out.dtype, arch or current_arch(), o_partial.dtype, slices)
+    kernel(o_partial, lse_partial, out, lse)
 
 
 def merge_attention_states(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

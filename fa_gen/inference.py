@@ -165,9 +165,15 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    seqused_k: torch.Tensor | None = None, num_splits: int | None = None, inputs=None,
-                   arch: str | None = None, pack_gqa: bool | None = None):
-    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring."""
-    _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+                   arch: str | None = None, pack_gqa: bool | None = None, checked: bool = False):
+    """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring.
+    `checked`: the caller (fa_gen.api.kvcache) built the sequence vectors itself and checked the
+    tensors' dtypes, shapes and devices; only the strides the kernels need are checked here."""
+    if checked:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _check_strides(name, t)
+    else:
+        _check_varlen(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     arch, group, extra, out, lse = _varlen_call(spec, q, k.shape[1], "forward_varlen_split", max_seqlen_q, pack_gqa,
                                                 inputs, arch)
     batch, heads_q = cu_seqlens_q.shape[0] - 1, q.shape[1]
@@ -276,7 +282,7 @@ def _run_split(kern: InferenceKernel, qkv: tuple, out: torch.Tensor, lse: torch.
     o_partial, lse_partial = _partials(splits, total_q, heads_q, head_dim_v, out.device)
     kern.function(*qkv, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
     if splits > 1:
-        _combine()(o_partial, lse_partial, out, lse)
+        _combine()(o_partial, lse_partial, out, lse, arch=kern.arch)
     return out, lse
 
 
@@ -334,6 +340,8 @@ def _varlen_extra_arguments(spec: Spec, q: torch.Tensor, heads_q: int, inputs) -
             raise UnsupportedError(f"input {decl.name!r} of spec {spec.name!r} in a varlen call", [
                 f"its shape {list(decl.shape)} is indexed by batch or sequence lengths, which a packed batch "
                 "does not have; varlen takes tensors shaped by heads_q or constants"])
+    if not spec.inputs and inputs is None:  # nothing to bind (the common case: no view made)
+        return []
     view = q.new_empty((1, 1, heads_q, q.shape[-1])) if q.shape[0] == 0 else q[:1].unsqueeze(0)
     return bind_arguments(spec, view, view, inputs)[1]
 

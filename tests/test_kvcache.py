@@ -10,7 +10,7 @@ import fa_gen
 from fa_gen.api.kvcache import append_to_cache
 from fa_gen.errors import InputError
 from fa_gen.families.sm80 import GQA_PACKS, INFERENCE_KINDS
-from fa_gen.inference import forward_paged, packed_kind
+from fa_gen.inference import forward_paged, forward_varlen, packed_kind
 from fa_gen.reference import rotary_reference
 from fa_gen.render import render
 from fa_gen.runtime import resolve_spec
@@ -274,3 +274,22 @@ def test_rotary_append_kernel_compiles(tmp_path, monkeypatch, arch, style):
         compile_to_object(source, arch, object_path, label="append_kv")
         assert object_path.stat().st_size > 0
     assert "def rotate_lane" not in render_append(torch.bfloat16, 128, 128, "batch")
+
+
+def test_the_kvcache_path_checks_strides_only_once_its_own_checks_ran(monkeypatch):
+    """attention_with_kvcache checks dtypes, shapes and devices itself and builds the sequence
+    vectors, so forward_varlen(checked=True) checks only what the kernels need of the strides:
+    a broadcast key view still fails there, and _check_varlen is not called."""
+    from fa_gen import inference
+
+    def refuse(*args):
+        raise AssertionError("_check_varlen ran")
+
+    monkeypatch.setattr(inference, "_check_varlen", refuse)
+    q = torch.zeros(3, 8, 128, dtype=BF16)
+    k = torch.zeros(1, 2, 128, dtype=BF16).expand(40, 2, 128)
+    cu = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    with pytest.raises(InputError, match="broadcast view"):
+        forward_varlen(resolve_spec(SPEC), q, k, k, cu, cu, 1, 40, cu[1:], checked=True, arch="sm_90a")
+    with pytest.raises(AssertionError, match="_check_varlen ran"):
+        forward_varlen(resolve_spec(SPEC), q, k, k, cu, cu, 1, 40, cu[1:], arch="sm_90a")

@@ -24,7 +24,7 @@ from ..autograd import spec_from_key, spec_key
 from ..errors import InputError, UnsupportedError
 from ..inference import forward_paged, forward_varlen
 from ..mla import mla_decode
-from ..runtime import _TORCH_DTYPES
+from ..runtime import _TORCH_DTYPES, current_arch
 from ..spec import MLA_HEAD_DIMS, MaskKind, Spec
 
 
@@ -105,6 +105,8 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
     _check_devices(q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, page_table=page_table,
                    cache_batch_idx=cache_batch_idx, cache_seqlens=lengths, rotary_cos=extras.rotary_cos,
                    rotary_sin=extras.rotary_sin, cache_leftpad=extras.cache_leftpad)
+    # Once a call: the append, the forward and the combine take it (MLA decode finds its own).
+    arch = None if mla else current_arch()
     seqlen_new = 0
     if k_new is not None:
         seqlen_new = k_new.shape[1]
@@ -113,7 +115,7 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
             # FlashAttention's rule: queries at their own positions under a causal or local mask.
             own = spec.mask != MaskKind.NONE or spec.mask_expr is not None
             rotary = Rotary(extras.rotary_cos, extras.rotary_sin, bool(extras.rotary_interleaved), q, own)
-        rotated = append_to_cache(k_cache, v_cache, k_new, v_new, lengths, page_table, cache_batch_idx, rotary)
+        rotated = append_to_cache(k_cache, v_cache, k_new, v_new, lengths, page_table, cache_batch_idx, rotary, arch)
         q = rotated if rotary is not None else q
     seqused = lengths + seqlen_new if seqlen_new else lengths
     if mla:
@@ -123,15 +125,15 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
     packed_q = q.reshape(batch * seqlen_q, heads_q, q.shape[-1])
     if page_table is not None:
         out, lse = forward_paged(spec, packed_q, k_cache, v_cache, page_table, cu_q, seqused, seqlen_q,
-                                 num_splits or None, inputs, pack_gqa=pack_gqa)
+                                 num_splits or None, inputs, arch, pack_gqa=pack_gqa)
     else:
         out, lse = _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q, cache_batch_idx,
-                                      num_splits, inputs, pack_gqa, extras.cache_leftpad)
+                                      num_splits, inputs, pack_gqa, extras.cache_leftpad, arch)
     return out.view(batch, seqlen_q, heads_q, -1), lse.view(heads_q, batch, seqlen_q).permute(1, 0, 2)
 
 
 def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q, cache_batch_idx, num_splits,
-                       inputs, pack_gqa, leftpad=None):
+                       inputs, pack_gqa, leftpad=None, arch=None):
     """A contiguous cache as one packed key tensor: sequence b's keys start at row
     cache_batch_idx[b] * seqlen_cache (cu_seqlens_k's last entry is never read: seqused_k is set),
     plus cache_leftpad[b] (`leftpad`), its length then seqused[b] - cache_leftpad[b].
@@ -149,8 +151,10 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
         seqused = (seqused - leftpad).clamp_(min=0)
     k = k_cache.view(batch_cache * seqlen_cache, heads_kv, k_cache.shape[-1])
     v = v_cache.view(batch_cache * seqlen_cache, heads_kv, v_cache.shape[-1])
+    # Checked above (_check_call, _check_devices) and the sequence vectors made here: forward_varlen
+    # checks only the strides.
     return forward_varlen(spec, packed_q, k, v, cu_q, cu_k, seqlen_q, seqlen_cache, seqused, num_splits or None,
-                          inputs, pack_gqa=pack_gqa)
+                          inputs, arch, pack_gqa=pack_gqa, checked=True)
 
 
 def uniform_offsets(batch: int, length: int, device: torch.device) -> torch.Tensor:
