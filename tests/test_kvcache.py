@@ -293,3 +293,15 @@ def test_the_kvcache_path_checks_strides_only_once_its_own_checks_ran(monkeypatc
         forward_varlen(resolve_spec(SPEC), q, k, k, cu, cu, 1, 40, cu[1:], checked=True, arch="sm_90a")
     with pytest.raises(AssertionError, match="_check_varlen ran"):
         forward_varlen(resolve_spec(SPEC), q, k, k, cu, cu, 1, 40, cu[1:], arch="sm_90a")
+
+
+def test_an_fp8_spec_is_refused_before_the_append():
+    """No fp8 split or paged kind exists: the call says so before it writes into the cache."""
+    from fa_gen.errors import UnsupportedError
+
+    fp8 = torch.float8_e4m3fn
+    q, cache = torch.zeros(2, 1, 8, 128).to(fp8), torch.zeros(2, 64, 2, 128).to(fp8)
+    new = torch.ones(2, 1, 2, 128).to(fp8)
+    with pytest.raises(UnsupportedError, match="fp8 spec 'fp8_e4m3_d128' in attention_with_kvcache"):
+        fa_gen.attention_with_kvcache(q, cache, cache, 3, "fp8_e4m3_d128", k_new=new, v_new=new)
+    assert not cache.float().any()

@@ -256,6 +256,10 @@ def _check_call(spec: Spec, q, k_cache, v_cache, k_new, v_new, page_table, cache
     """Shapes, dtypes and devices of the call's tensors (the kernels' own checks follow)."""
     if (k_new is None) != (v_new is None):
         raise InputError("k_new and v_new go together: pass both or neither")
+    if spec.is_fp8:  # refused before the append: the cache is left as it was
+        raise UnsupportedError(f"fp8 spec {spec.name!r} in attention_with_kvcache", [
+            "the KV-cache call has no fp8 kernels yet (its split-KV and paged kinds are 16-bit); an fp8 "
+            "prefill or packed batch goes through fa_gen.attention_fp8 / fa_gen.attention_fp8_varlen"])
     dtype = _TORCH_DTYPES[spec.dtype]
     named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     if k_new is not None:
