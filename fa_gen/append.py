@@ -59,6 +59,7 @@ def render_append(dtype: torch.dtype, head_dim_k: int, head_dim_v: int, rows: st
                   rotary_dim: int = 0) -> str:
     """The append kernel's source; `rows`: "pages", "index" or "batch"; `rotary`: one of
     ROTARY_STYLES over the first `rotary_dim` columns (see the template)."""
+    assert rotary in ROTARY_STYLES, rotary
     return environment().get_template(TEMPLATE).render(
         dtype_name=_DTYPES[dtype], head_dim_k=head_dim_k, head_dim_v=head_dim_v, rows=rows, rotary=rotary,
         rotary_dim=rotary_dim if rotary != "none" else 0, fa_gen_version=__version__)
@@ -88,20 +89,18 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.T
         return None
     tables = () if rotary is None else (rotary.q, rotary.cos, rotary.sin)
     if not _kernel_ready(k_cache, v_cache, k_new, v_new, *tables):
-        q_out = _append_torch(k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, cache_batch_idx, rotary)
-        return q_out
+        return _append_torch(k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, cache_batch_idx, rotary)
     if page_table is not None:
         rows, lookup = page_table, "pages"
     elif cache_batch_idx is not None:
         rows, lookup = cache_batch_idx.to(torch.int32), "index"
     else:
         rows, lookup = cache_seqlens, "batch"  # not read
+    style, dim = (rotary.style, rotary.dim) if rotary is not None else ("none", 0)
+    kernel = append_kernel(k_new.dtype, k_new.shape[-1], v_new.shape[-1], lookup, arch or current_arch(), style, dim)
     if rotary is None:
-        kernel = append_kernel(k_new.dtype, k_new.shape[-1], v_new.shape[-1], lookup, arch or current_arch())
         kernel(k_new, v_new, k_cache, v_cache, cache_seqlens, rows)
         return None
-    kernel = append_kernel(k_new.dtype, k_new.shape[-1], v_new.shape[-1], lookup, arch or current_arch(),
-                           rotary.style, rotary.dim)
     q_out = torch.empty_like(rotary.q)
     kernel(k_new, v_new, k_cache, v_cache, cache_seqlens, rows, rotary.q, q_out, rotary.cos, rotary.sin,
            int(rotary.own_positions))

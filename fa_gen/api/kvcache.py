@@ -146,7 +146,7 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     else:
         rows = cache_batch_idx.to(torch.int32)
         cu_k = torch.cat([rows * seqlen_cache, rows.new_zeros(1)])
-    if leftpad is not None:  # two device ops; the offsets stay device values
+    if leftpad is not None:  # device ops (no sync): the offsets stay device values
         cu_k = cu_k + torch.nn.functional.pad(leftpad, (0, 1))
         seqused = (seqused - leftpad).clamp_(min=0)
     k = k_cache.view(batch_cache * seqlen_cache, heads_kv, k_cache.shape[-1])
