@@ -243,14 +243,20 @@ def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 @functools.lru_cache(maxsize=1024)
 def paged_kind(spec: Spec, arch: str, page_size: int, group: int) -> str:
     """The paged split kind for this page size (a shape, so no host sync): a multiple of the key
-    tile takes the whole-tile kind (one table entry a tile), any other size a page and slot found
-    per copy row. Resolved, not compiled: only the kind chosen is built. Cached: it runs on every call."""
+    tile takes the whole-tile kind (one table entry a tile), a multiple of the rows one thread
+    copies of a tile the row-group kind (one entry a thread a tile), any other size a page and
+    slot found per copy row. Resolved, not compiled: only the kind chosen is built. Cached: it
+    runs on every call."""
     rows = packed_kind("forward_varlen_split_paged", group)
     try:
-        tile_n = resolve_target(spec, arch, rows).context()["tile"]["tile_n"]
+        context = resolve_target(spec, arch, rows).context()
     except UnsupportedError:
         return rows
-    return packed_kind("forward_varlen_split_paged_tiles", group) if page_size % tile_n == 0 else rows
+    if page_size % context["tile"]["tile_n"] == 0:
+        return packed_kind("forward_varlen_split_paged_tiles", group)
+    if page_size % context["page_group_rows"] == 0:
+        return packed_kind("forward_varlen_split_paged_groups", group)
+    return rows
 
 
 def _varlen_call(spec: Spec, q: torch.Tensor, heads_kv: int, kind: str, max_seqlen_q: int, pack_gqa, inputs, arch):

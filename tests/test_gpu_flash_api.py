@@ -135,6 +135,7 @@ def _kvcache_work(arch):
     from fa_gen.inference import packed_kind
 
     kinds = [packed_kind(base, group) for base in ("forward_varlen_split_paged", "forward_varlen_split_paged_tiles",
+                                                   "forward_varlen_split_paged_groups",
                                                    "forward_varlen_split") for group in (1, 4)]
     return [(_kvcache_spec(config)[0], kind) for config, _ in KVCACHE for kind in kinds]
 

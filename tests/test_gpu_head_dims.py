@@ -38,7 +38,8 @@ PAIRS = ((8, 8), (32, 32), (40, 40), (80, 80), (160, 160), (224, 224), (72, 136)
          (128, 64), (184, 120))
 MASKS = ("none", "causal", {"kind": "sliding_window", "left": 90, "right": 3})
 KINDS = ("forward", "backward", "backward_varlen", "forward_split", "forward_split_pack4", "forward_varlen_split", "forward_varlen_split_pack4",
-         "forward_varlen_split_paged", "forward_varlen_split_paged_pack4")
+         "forward_varlen_split_paged", "forward_varlen_split_paged_pack4", "forward_varlen_split_paged_groups",
+         "forward_varlen_split_paged_groups_pack4")
 
 
 def _spec(qk, v, mask_index, dtype):

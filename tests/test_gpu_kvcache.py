@@ -48,7 +48,8 @@ def _kinds(spec):
 
     # Contiguous caches take the varlen split kinds too (fa_gen.api.kvcache._attend_contiguous).
     groups = GROUPS if gqa_packable(spec) else (1,)
-    bases = ("forward_varlen_split_paged", "forward_varlen_split_paged_tiles", "forward_varlen_split")
+    bases = ("forward_varlen_split_paged", "forward_varlen_split_paged_tiles", "forward_varlen_split_paged_groups",
+             "forward_varlen_split")
     return [packed_kind(base, g) for base in bases for g in groups]
 
 

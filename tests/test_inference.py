@@ -130,7 +130,10 @@ def test_input_errors_before_any_device_work():
                                        ("causal_topleft_fp16_d96", "forward_varlen_split_paged"),
                                        # Whole-tile pages (one table entry a key tile).
                                        ("causal_bf16_d128", "forward_varlen_split_paged_tiles_pack4"),
-                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged_tiles")])
+                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged_tiles"),
+                                       # Row groups (one table entry a thread a key tile).
+                                       ("causal_bf16_d128", "forward_varlen_split_paged_groups_pack4"),
+                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged_groups")])
 def test_inference_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
     from fa_gen.backends.cute_dsl import compile_to_object
 

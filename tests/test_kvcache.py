@@ -113,23 +113,31 @@ def test_paged_kinds_are_registered():
 
 def test_page_lookup_follows_the_page_size():
     """Page sizes that are multiples of the key tile get the whole-tile kind (one table entry a
-    tile, rows copied as contiguous ones), any other size a page per copy row. Picked from the shape."""
+    tile, rows copied as contiguous ones), multiples of a thread's copy rows the row-group kind
+    (one entry a thread), any other size a page per copy row. Picked from the shape."""
     from fa_gen.inference import paged_kind
 
+    lookups = (("forward_varlen_split_paged", "row"), ("forward_varlen_split_paged_tiles", "tile"),
+               ("forward_varlen_split_paged_groups", "group"))
     for g in (1, *GQA_PACKS):
-        for base, lookup in (("forward_varlen_split_paged", "row"), ("forward_varlen_split_paged_tiles", "tile")):
+        for base, lookup in lookups:
             call = INFERENCE_KINDS[packed_kind(base, g)]
             assert call.paged and call.page_lookup == lookup and call.pack == g
     spec = resolve_spec(SPEC)
     texts = {lookup: render(spec, "sm_90a", "sm80", kind=f"forward_varlen_split_paged{lookup}_pack4").text
-             for lookup in ("", "_tiles")}
+             for lookup in ("", "_tiles", "_groups")}
     assert "def tile(self)" in texts["_tiles"] and "def row(self" not in texts["_tiles"]
     assert "def row(self" in texts[""] and "def tile(self)" not in texts[""]
-    tile_n = 64  # fa_gen.families.sm80.split_tile_config at d128
+    assert "grouped_rows(rows)" in texts["_groups"] and "def row(self" not in texts["_groups"]
+    assert "grouped_rows" not in texts["_tiles"] + texts[""]
+    tile_n = 64  # fa_gen.families.sm80.split_tile_config at d128: 4 warps, 8 threads a 64-column row
+    group_rows = 4
     for page_size in (tile_n, 2 * tile_n, 4 * tile_n):
         assert paged_kind(spec, "sm_90a", page_size, 4) == "forward_varlen_split_paged_tiles_pack4"
         assert paged_kind(spec, "sm_90a", page_size, 1) == "forward_varlen_split_paged_tiles"
-    for page_size in (1, 3, 16, 32, 48, tile_n + 16, 3 * tile_n // 2):
+    for page_size in (group_rows, 16, 32, 48, tile_n + 16, 3 * tile_n // 2, 100):
+        assert paged_kind(spec, "sm_90a", page_size, 4) == "forward_varlen_split_paged_groups_pack4"
+    for page_size in (1, 2, 3, 6, 18, tile_n + 2):
         assert paged_kind(spec, "sm_90a", page_size, 4) == "forward_varlen_split_paged_pack4"
 
 

@@ -27,7 +27,9 @@ class CallKind(NamedTuple):
     paged: bool = False  # K/V in pages through a page table (common/kv_source.j2)
     # How a paged kind finds its rows (templates/common/kv_source.j2), picked by the host from the
     # caches' page size (fa_gen.inference.paged_kind): "tile" where it is a multiple of the key tile
-    # (one table entry a tile), "row" for any other (a page and slot found per copy row). H200,
+    # (one table entry a tile), "group" where it is a multiple of the rows one thread copies of a
+    # tile (`page_group_rows`: one entry a thread a tile), "row" for any other (a page and slot
+    # found per copy row). H200,
     # b1 sk128k p16: a third lookup for sizes dividing the tile (a copy row's page within a tile
     # fixed, no division per row) ran no faster (146.9 against 147.0 us) and was dropped.
     page_lookup: str = "row"
@@ -41,10 +43,13 @@ INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": 
                    "forward_varlen_split": CallKind(True, True, 1),
                    "forward_varlen_split_paged": CallKind(True, True, 1, True),
                    "forward_varlen_split_paged_tiles": CallKind(True, True, 1, True, "tile"),
+                   "forward_varlen_split_paged_groups": CallKind(True, True, 1, True, "group"),
                    **{f"forward_split_pack{g}": CallKind(False, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_pack{g}": CallKind(True, True, g) for g in GQA_PACKS},
                    **{f"forward_varlen_split_paged_pack{g}": CallKind(True, True, g, True) for g in GQA_PACKS},
                    **{f"forward_varlen_split_paged_tiles_pack{g}": CallKind(True, True, g, True, "tile")
+                      for g in GQA_PACKS},
+                   **{f"forward_varlen_split_paged_groups_pack{g}": CallKind(True, True, g, True, "group")
                       for g in GQA_PACKS}}
 
 # Attention dropout (templates/common/dropout.j2): the fixed-length and varlen forwards and
@@ -193,6 +198,10 @@ class Sm80Family(Family):
                 context["ctas_per_sm"] = cfg.blocks_per_sm(padded_head_dim(spec.head_dim_qk),
                                                            padded_head_dim(spec.head_dim_v), smem,
                                                            _SPLIT_REGS_PER_THREAD)
+                # Key rows of a tile that one thread copies, consecutive in the "group" lookup
+                # (COPY_GROUP_ROWS in templates/common/kv_source.j2): 128-bit copies side by side
+                # along a swizzle atom's row.
+                context["page_group_rows"] = cfg.tile_n * (_atom_cols(spec) // 8) // (cfg.num_warps * 32)
             return context
         if kind not in BACKWARD_KINDS and kind not in ("backward_dropout", "backward_varlen_dropout", "backward_shifted"):
             return {}
