@@ -1,8 +1,10 @@
 """Which kernels a decode call launches, and each one's device time (torch.profiler, CUPTI).
 
     python bench/decode_kernels.py [--cells b1_sk128k_h32/8_p16,...] [--impls fa_gen_paged,fa_gen_split,...]
+    python bench/decode_kernels.py --cells b32_sk16k_h32/1,b1_sk128k_h32/8 --impls fa_gen_split,fa_gen_attention
 
-For each paged decode cell of bench/bench_paged.py and each implementation: CALLS calls, each
+For each decode cell (paged ones of bench/bench_paged.py, contiguous ones of
+bench/bench_decode.py, by name) and each implementation of its kind: CALLS calls, each
 after an L2 flush, under the profiler; prints per kernel name its launches per call and mean
 microseconds, then the sum per call. Where a decode path loses to another, this tells whether
 the main kernel is slower or the call launches more kernels around it.
@@ -57,12 +59,19 @@ def main() -> int:
     args = parser.parse_args()
     flush = torch.empty(decode.FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     cells = {cell.name: cell for cell in paged.PAGED_CELLS}
+    contiguous = {cell.name: cell for cell in decode.DECODE_CELLS}
     for name in args.cells.split(","):
-        cell = cells[name]
-        x = paged.paged_inputs(cell)
+        if name in contiguous:
+            # (spec, q, k, v) of a contiguous decode cell; its implementations are bench_decode's.
+            x = decode.seeded_decode_inputs(contiguous[name])
+            make = lambda impl, x=x: getattr(decode, impl)(*x)  # noqa: E731
+        else:
+            cell = cells[name]
+            x = paged.paged_inputs(cell)
+            make = lambda impl, cell=cell, x=x: paged.PAGED_IMPLS[impl](cell, x)  # noqa: E731
         for impl in args.impls.split(","):
             try:
-                rows = kernels_of(paged.PAGED_IMPLS[impl](cell, x), flush)
+                rows = kernels_of(make(impl), flush)
             except Exception as exc:  # an anchor missing here must not stop the others
                 print(f"{name} {impl}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
