@@ -46,6 +46,10 @@ FP8_P_SHIFT = 8
 STALE_MAX_LOG2_FP8 = 4.0
 
 
+# Keys per head up to which the short_l2_kv_mb tuning's L2 groups apply.
+SHORT_L2_KEYS = 1024
+
+
 @dataclass(frozen=True)
 class TileConfig:
     tile_m: int       # query rows per CTA tile: 64 per consumer warpgroup
@@ -68,6 +72,11 @@ class TileConfig:
     # With persist_l2_groups 2: the persistent causal grid's L2 groups hold this many MB of K/V
     # (0: l2_kv_mb, the groups of the other grids).
     persist_l2_mb: int = 0
+    # Heads whose K/V span at most SHORT_L2_KEYS keys: L2 groups of this many MB instead of
+    # l2_kv_mb (0: no such rule). An experiment until measured on its own: H200, bf16 d128
+    # non-causal, 4 MB groups at every length took 512 410 -> 443, 1k 524 -> 546 and 2k
+    # 593 -> 555 TFLOP/s (bench/results/2026-11-26-c0666eb-ab-tuning-short-h200.json).
+    short_l2_kv_mb: int = 0
     # 2: the softmax moves a row's reference max only when the new max exceeds it by more than
     # STALE_MAX_LOG2 in the exponent, and a warp whose rows all kept theirs skips the O rescale
     # (64 FMULs a step at d128); 1: every step takes the new max. For fp8 inputs, whose P
@@ -283,7 +292,7 @@ class Sm90Family(Family):
         return [(self.archs, "L1 (float64 reference, hypothesis) on H100 and H200")]
     backend = "cute_dsl"
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks",
-                     "persist_l2_groups", "persist_l2_mb", "stale_max")
+                     "persist_l2_groups", "persist_l2_mb", "short_l2_kv_mb", "stale_max")
     # The backward kernel (fa_gen/families/sm90_backward.py); head dims it does not fit drop out
     # of kernel_files, and their backward goes to the next family (fa_gen.backward.backward_family).
     # The forward of short causal-like sequences (SHORT_KIND) is the same template with its own tiles.
@@ -418,6 +427,7 @@ class Sm90Family(Family):
             "o_shares_q": o_shares_q,
             "smem_bytes": smem_bytes,
             "l2_kv_bytes": cfg.l2_kv_mb * 1024 * 1024,
+            "short_l2_keys": SHORT_L2_KEYS,
             "stale_max_log2": stale,
             # fp8: P's shift in the exponent (sm90/fp8.j2), less the stale threshold.
             "p_shift": FP8_P_SHIFT - int(stale or 0) if spec.is_fp8 else None,
