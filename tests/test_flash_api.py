@@ -166,7 +166,8 @@ def test_varlen_shapes_and_int64_cu_seqlens():
     (lambda q: fa_gen.flash_attn_func(q, q, q, window_size=(-2, 0)), "window_size=(-2, 0)"),
     (lambda q: fa_gen.flash_attn_func(q.float(), q.float(), q.float()), "q.dtype torch.float32"),
     (lambda q: fa_gen.flash_attn_func(q[..., :44], q[..., :44], q[..., :44]), "the head dims"),
-    (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9, block_table=q), "block_table"),
+    (lambda q: fa_gen.flash_attn_varlen_func(q[0], q, q, None, None, 9, 9, dropout_p=0.5, block_table=q),
+     "dropout_p=0.5 with block_table"),
     (lambda q: fa_gen.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 9, 9,
                                              alibi_slopes=torch.ones(2, 4)), "alibi_slopes"),
     (lambda q: fa_gen.flash_attn_with_kvcache(q, q, q, cache_leftpad=torch.zeros(2, dtype=torch.int32),
@@ -380,6 +381,42 @@ def test_kvcache_int_and_missing_lengths_and_block_table(fake_kvcache):
     assert fake_kvcache.calls[-1]["cache_seqlens"].tolist() == [7, 7]
     with pytest.raises(InputError, match="cache_seqlens is required"):
         fa_gen.flash_attn_with_kvcache(q, pages, pages, k=q[:, :, :2], v=q[:, :, :2])
+
+
+def test_varlen_block_table_maps_onto_forward_paged(monkeypatch):
+    """flash_attn_varlen_func(..., block_table=...) is FlashAttention-2's paged prefill: packed
+    queries against paged caches, each sequence's keys its cu_seqlens_k span or seqused_k."""
+    import fa_gen.api.flash_attn as flash
+
+    calls = []
+
+    def fake(spec, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, inputs=None):
+        calls.append(dict(spec=spec, page_table=page_table, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
+                          max_seqlen_q=max_seqlen_q, inputs=inputs, k_cache=k_cache))
+        return torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1]), torch.zeros(q.shape[1], q.shape[0])
+
+    monkeypatch.setattr(flash, "forward_paged", fake)
+    q = torch.randn(11, 8, 64, dtype=torch.bfloat16)
+    pages = torch.zeros(6, 16, 2, 64, dtype=torch.bfloat16)
+    table = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32)
+    cu_q, cu_k = torch.tensor([0, 3, 11]), torch.tensor([0, 20, 29], dtype=torch.int32)
+    out, lse = fa_gen.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 8, 20, causal=True, softcap=30.0,
+                                             block_table=table, return_lse=True)
+    call = calls[-1]
+    assert out.shape == (11, 8, 64) and lse.shape == (8, 11)
+    assert call["spec"].name == "fa_bf16_d64_causal_softcap" and call["inputs"] == {"softcap": 30.0}
+    assert call["page_table"] is table and call["k_cache"] is pages and call["max_seqlen_q"] == 8
+    assert call["cu_seqlens_q"].dtype == torch.int32 and call["cu_seqlens_q"].tolist() == [0, 3, 11]
+    assert call["seqused_k"].dtype == torch.int32 and call["seqused_k"].tolist() == [20, 9]
+    used = torch.tensor([17, 2], dtype=torch.int32)
+    fa_gen.flash_attn_varlen_func(q, pages, pages, cu_q, None, 8, 20, block_table=table, seqused_k=used)
+    assert calls[-1]["seqused_k"].tolist() == [17, 2]
+    with pytest.raises(InputError, match="k must be a 4-D tensor"):
+        fa_gen.flash_attn_varlen_func(q, q, q, cu_q, cu_k, 8, 20, block_table=table)
+    with pytest.raises(UnsupportedError, match="gradients through block_table"):
+        fa_gen.flash_attn_varlen_func(q.requires_grad_(), pages, pages, cu_q, cu_k, 8, 20, block_table=table)
+    with torch.no_grad():
+        fa_gen.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 8, 20, block_table=table)
 
 
 def test_kvcache_without_the_kv_cache_forward_is_unsupported(monkeypatch):

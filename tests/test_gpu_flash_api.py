@@ -151,7 +151,7 @@ def precompiled():
     for config_id, kinds in KINDS.items():
         q, _, v, options = _tensors(config_id, 2, 1, 1, generator)
         spec, _ = _spec_and_inputs(q, v, options, batch=2)
-        work += [(spec, arch, kind) for kind in kinds]
+        work += [(spec, arch, kind) for kind in kinds + (_PAGED_KINDS if config_id in PAGED_PREFILL else ())]
     work += [(spec, arch, kind) for spec, kind in _model_specs(arch) + _kvcache_work(arch)]
     jobs = int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0"))
     if jobs > 1:
@@ -191,19 +191,33 @@ def test_decode_and_transposed_views():
 
 
 LENGTHS = [(5, 5), (130, 200), (0, 7), (64, 64), (1, 300), (257, 100)]
+# Configs of the paged-prefill test (flash_attn_varlen_func with block_table).
+PAGED_PREFILL = ["causal_d128", "window_fp16_d64", "softcap_d128", "alibi_d64"]
+_PAGED_KINDS = ("forward_varlen_split_paged", "forward_varlen_split_paged_groups", "forward_varlen_split_paged_tiles")
 
 
 @pytest.mark.parametrize("config_id", ["causal_d128", "window_fp16_d64", "softcap_d128", "alibi_d64",
                                        "sink_window_d64"])
 def test_flash_attn_varlen_func_matches_reference_per_sequence(config_id):
     generator = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, options, cu, longest = _packed_case(config_id, generator)
+    out, lse = fa_gen.flash_attn_varlen_func(q, k, v, cu[0], cu[1], *longest, return_lse=True, **options)
+    spec, inputs = _spec_and_inputs(q, v, options, batch=None)
+    failures = _sequence_failures(spec, inputs, q, k, v, out, lse, cu)
+    assert not failures, f"{spec.name}: " + "; ".join(failures)
+
+
+def _packed_case(config_id, generator):
+    """(q, k, v, options, (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k)) of LENGTHS packed."""
     total_q, total_k = sum(sq for sq, _ in LENGTHS), sum(sk for _, sk in LENGTHS)
     q, k, v, options = _tensors(config_id, len(LENGTHS), total_q, total_k, generator, varlen=True)
     cu = [torch.tensor([0] + [sum(x[i] for x in LENGTHS[:b + 1]) for b in range(len(LENGTHS))],
                        dtype=torch.int32, device="cuda") for i in (0, 1)]
-    longest = [max(x[i] for x in LENGTHS) for i in (0, 1)]
-    out, lse = fa_gen.flash_attn_varlen_func(q, k, v, cu[0], cu[1], *longest, return_lse=True, **options)
-    spec, inputs = _spec_and_inputs(q, v, options, batch=None)
+    return q, k, v, options, cu, [max(x[i] for x in LENGTHS) for i in (0, 1)]
+
+
+def _sequence_failures(spec, inputs, q, k, v, out, lse, cu) -> list[str]:
+    """compare() of every sequence of LENGTHS (packed by cu) against the reference of its own keys."""
     failures = []
     for b, (sq, sk) in enumerate(LENGTHS):
         rows = slice(int(cu[0][b]), int(cu[0][b]) + sq)
@@ -214,7 +228,46 @@ def test_flash_attn_varlen_func_matches_reference_per_sequence(config_id):
                          inputs)
         if not result.ok:
             failures.append(f"sequence {b}: {result}")
-    assert not failures, f"{spec.name}: " + "; ".join(failures)
+    return failures
+
+
+def _paged_caches(k, v, cu_k, lengths, page_size, generator):
+    """k, v (total_k, heads_kv, d) of packed sequences as paged caches (num_pages, page_size, heads_kv,
+    d): every sequence's pages in a shuffled order, NaN in every slot no sequence owns, and table
+    entries past a sequence's pages pointing at an unused (NaN) page."""
+    needed = [-(-sk // page_size) for _, sk in lengths]
+    num_pages = sum(needed) + 2
+    order = torch.randperm(num_pages, generator=generator, device="cuda")
+    table = torch.full((len(lengths), max(needed) + 1), int(order[-1]), dtype=torch.int32, device="cuda")
+    k_cache = torch.full((num_pages, page_size, *k.shape[1:]), float("nan"), dtype=k.dtype, device="cuda")
+    v_cache = torch.full((num_pages, page_size, *v.shape[1:]), float("nan"), dtype=v.dtype, device="cuda")
+    first = 0
+    for b, (_, sk) in enumerate(lengths):
+        pages = order[first:first + needed[b]]
+        first += needed[b]
+        table[b, :needed[b]] = pages.to(torch.int32)
+        rows = torch.arange(sk, device="cuda")
+        keys = slice(int(cu_k[b]), int(cu_k[b]) + sk)
+        k_cache[pages[rows // page_size], rows % page_size] = k[keys]
+        v_cache[pages[rows // page_size], rows % page_size] = v[keys]
+    return k_cache, v_cache, table
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 256])
+@pytest.mark.parametrize("config_id", PAGED_PREFILL)
+def test_flash_attn_varlen_func_with_block_table_matches_reference_per_sequence(config_id, page_size):
+    """FlashAttention-2's paged prefill (flash_attn_varlen_func with block_table): packed queries
+    against shuffled pages of 1 (a lookup per row), 16 (per thread) and 256 (per tile) slots, each
+    sequence against the reference of its own keys alone."""
+    generator = torch.Generator(device="cuda").manual_seed(page_size)
+    q, k, v, options, cu, longest = _packed_case(config_id, generator)
+    k_cache, v_cache, table = _paged_caches(k, v, cu[1], LENGTHS, page_size, generator)
+    with torch.no_grad():
+        out, lse = fa_gen.flash_attn_varlen_func(q, k_cache, v_cache, cu[0], cu[1], *longest, block_table=table,
+                                                 return_lse=True, **options)
+    spec, inputs = _spec_and_inputs(q, v, options, batch=None)
+    failures = _sequence_failures(spec, inputs, q, k, v, out, lse, cu)
+    assert not failures, f"{spec.name} page_size {page_size}: " + "; ".join(failures)
 
 
 def _reference_gradients(spec, inputs, q, k, v, sink, dout):

@@ -4,12 +4,14 @@
     out = flash_attn_func(q, k, v, causal=True)                        # (batch, seqlen, heads, dim)
     out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, return_lse=True)
     out = flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lengths, causal=True)
+    out = flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, max_q, max_k, block_table=table)  # paged prefill
 
 Each call's configuration (fa_gen.api.flash_specs.FlashConfig) names one Spec, built once per
 process and compiled once (then loaded from the disk cache); softcap values, ALiBi slopes and sinks
 are runtime inputs of that spec. flash_attn_func and flash_attn_varlen_func go through the
 differentiable custom ops of fa_gen.attention / fa_gen.attention_varlen (autograd,
-torch.compile(fullgraph=True)); flash_attn_with_kvcache through fa_gen.attention_with_kvcache.
+torch.compile(fullgraph=True)); flash_attn_with_kvcache through fa_gen.attention_with_kvcache, and
+flash_attn_varlen_func with a block_table through fa_gen.inference.forward_paged (forward only).
 What fa_gen cannot serve is an UnsupportedError naming the argument and why.
 """
 
@@ -22,6 +24,7 @@ from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 from ..autograd import spec_from_key
 from ..errors import InputError, UnsupportedError
+from ..inference import forward_paged
 from .attention import attention
 from .fp8 import attention_fp8
 from .flash_specs import DTYPES, fold_window, flash_spec_key
@@ -61,11 +64,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """FlashAttention's flash_attn_varlen_func over fa_gen.attention_varlen: q (total_q, heads, d),
     k/v (total_k, heads_kv, d), cu_seqlens_* (batch + 1) int32; lse (heads, total_q). Masks align
     per sequence (bottom-right); learnable_sink (heads,) enters every sequence's softmax.
-    Differentiable (also in learnable_sink)."""
-    if block_table is not None:
-        raise UnsupportedError("block_table in flash_attn_varlen_func", [
-            "paged K/V are served by flash_attn_with_kvcache(..., block_table=...)"])
+    Differentiable (also in learnable_sink).
+    With block_table (batch, max_blocks) int32, k/v are paged caches (num_blocks, block_size,
+    heads_kv, d) and sequence b's keys are the first cu_seqlens_k[b + 1] - cu_seqlens_k[b] (or
+    seqused_k[b]) slots of its blocks, as FlashAttention-2's paged prefill takes them: forward
+    only, through fa_gen.inference.forward_paged (the split-KV kinds)."""
     _refuse_fp8(q, "flash_attn_varlen_func")
+    if block_table is not None:
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
+                             window_size, softcap, alibi_slopes, return_attn_probs, block_table, learnable_sink,
+                             return_lse, seqused_k)
     _check_qkv(q, k, v, "(total_tokens, heads, head_dim)")
     key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                    learnable_sink, heads=q.shape[1], batch=None)
@@ -82,6 +90,32 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                 deterministic=_deterministic(deterministic), inputs=inputs, dropout_p=dropout_p)
     if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
         out = _VarlenSinkGradient.apply(out, lse, sinks, cu_seqlens_q)
+    return _results(out, lse, return_attn_probs, return_lse)
+
+
+def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
+                  window_size, softcap, alibi_slopes, return_attn_probs, block_table, learnable_sink, return_lse,
+                  seqused_k):
+    """flash_attn_varlen_func with block_table: packed queries against paged K/V, forward only."""
+    if dropout_p:
+        raise UnsupportedError(f"dropout_p={dropout_p} with block_table", [
+            "paged K/V are an inference path: the paged kernels have no dropout"])
+    needs_grad = [name for name, t in (("q", q), ("k", k_cache), ("v", v_cache), ("learnable_sink", learnable_sink))
+                  if isinstance(t, torch.Tensor) and t.requires_grad]
+    if needs_grad and torch.is_grad_enabled():
+        raise UnsupportedError(f"gradients through block_table (of {', '.join(needs_grad)})", [
+            "paged K/V are served forward only; call under torch.no_grad() or detach the inputs"])
+    _check_qkv(q, k_cache, v_cache, "(total_tokens, heads, head_dim)", "(num_blocks, block_size, heads_kv, head_dim)")
+    key, inputs = _spec_and_inputs(q, v_cache, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                   learnable_sink, heads=q.shape[1], batch=None)
+    # Each sequence's keys: seqused_k, else its cu_seqlens_k span (a device op, no sync).
+    if seqused_k is not None:
+        used = _int32(seqused_k).contiguous()
+    else:
+        cu_seqlens_k = _int32(cu_seqlens_k)
+        used = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    out, lse = forward_paged(spec_from_key(key), q, k_cache, v_cache, _int32(block_table), _int32(cu_seqlens_q),
+                             used, int(max_seqlen_q), inputs=inputs)
     return _results(out, lse, return_attn_probs, return_lse)
 
 
@@ -213,12 +247,13 @@ def _check_float_tensor(name: str, t, shape: tuple, shown: str, fp32: bool = Fal
         raise InputError(f"{name} must be {'float32' if fp32 else 'a float tensor'}; got {t.dtype}")
 
 
-def _check_qkv(q, k, v, layout: str) -> None:
-    dims = layout.count(",") + 1
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def _check_qkv(q, k, v, layout: str, kv_layout: str | None = None) -> None:
+    """q in `layout`, k and v in `kv_layout` (default: the same), one dtype."""
+    for name, t, shape in (("q", q, layout), ("k", k, kv_layout or layout), ("v", v, kv_layout or layout)):
+        dims = shape.count(",") + 1
         if not isinstance(t, torch.Tensor) or t.dim() != dims:
             shown = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise InputError(f"{name} must be a {dims}-D tensor {layout}; got {shown}")
+            raise InputError(f"{name} must be a {dims}-D tensor {shape}; got {shown}")
     if not q.dtype == k.dtype == v.dtype:
         raise InputError(f"q, k and v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
 
