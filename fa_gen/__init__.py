@@ -92,19 +92,30 @@ def merge_attention_states(outs, lses):
     return _merge(outs, lses)
 
 
+# FlashAttention-2's packed forms (q, k and v, or k and v, in one tensor; fa_gen.api.flash_attn).
+_FLASH_PACKED = ("flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+                 "flash_attn_varlen_kvpacked_func")
+
+
 def __getattr__(name):
-    # `fa_gen.reference`, `fa_gen.distributed` and `fa_gen.fp8` without importing torch at package import time.
+    # `fa_gen.reference`, `fa_gen.distributed` and `fa_gen.fp8` without importing torch at package import time,
+    # and the packed FlashAttention forms from fa_gen.api on first use.
     if name in ("reference", "distributed", "fp8"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)
+    if name in _FLASH_PACKED:
+        from .api import flash_attn
+
+        return getattr(flash_attn, name)
     raise AttributeError(name)
 
 
 __all__ = [
     "Alignment", "CompileError", "DType", "FaGenError", "InputError", "MaskKind", "Spec",
     "SpecError", "UnsupportedError", "attention", "attention_fp8", "attention_fp8_varlen", "attention_varlen", "attention_with_kvcache", "build",
-    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "load_spec", "merge_attention_states",
+    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", *_FLASH_PACKED, "load_spec",
+    "merge_attention_states",
     "mla_decode",
     "__version__",
 ]

@@ -228,6 +228,36 @@ def test_varlen_takes_a_learnable_sink_and_its_gradient_on_meta():
     assert _spec_of(q, k, causal=True, learnable_sink=torch.zeros(4)).name == "fa_bf16_d64_causal_sink"
 
 
+def test_packed_forms_take_views_and_give_one_gradient():
+    """flash_attn_(varlen_)qkvpacked_func and flash_attn_(varlen_)kvpacked_func: the packed tensor's
+    views go through the unpacked functions, and its gradient comes back in the packed shape."""
+    def packed(*shape):
+        return torch.zeros(*shape, device="meta", dtype=torch.bfloat16, requires_grad=True)
+
+    qkv = packed(2, 33, 3, 4, 64)
+    out = fa_gen.flash_attn_qkvpacked_func(qkv, causal=True)
+    out.float().sum().backward()
+    assert out.shape == (2, 33, 4, 64) and qkv.grad.shape == qkv.shape
+    q, kv = _meta(2, 33, 4, 64, grad=True), packed(2, 40, 2, 2, 64)
+    out, lse, _ = fa_gen.flash_attn_kvpacked_func(q, kv, causal=True, window_size=(16, 0), return_attn_probs=True)
+    out.float().sum().backward()
+    assert lse.shape == (2, 4, 33) and q.grad.shape == q.shape and kv.grad.shape == kv.shape
+    cu_q = torch.tensor([0, 5, 20], dtype=torch.int32, device="meta")
+    cu_k = torch.tensor([0, 10, 30], dtype=torch.int32, device="meta")
+    qkv = packed(20, 3, 4, 64)
+    out = fa_gen.flash_attn_varlen_qkvpacked_func(qkv, cu_q, 15, causal=True)
+    out.float().sum().backward()
+    assert out.shape == (20, 4, 64) and qkv.grad.shape == qkv.shape
+    q, kv = _meta(20, 4, 64, grad=True), packed(30, 2, 2, 64)
+    out = fa_gen.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 15, 20, softcap=10.0)
+    out.float().sum().backward()
+    assert out.shape == (20, 4, 64) and kv.grad.shape == kv.shape
+    with pytest.raises(InputError, match=r"qkv must be a 5-D tensor \(batch, seqlen, 3, heads, head_dim\)"):
+        fa_gen.flash_attn_qkvpacked_func(packed(2, 33, 2, 4, 64))
+    with pytest.raises(InputError, match="kv must be a 4-D tensor"):
+        fa_gen.flash_attn_varlen_kvpacked_func(q, packed(2, 30, 2, 2, 64), cu_q, cu_k, 15, 20)
+
+
 def test_torch_compile_fullgraph_traces_varlen_with_a_sink():
     def loss(q, k, v, cu_q, cu_k, sink):
         return fa_gen.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 15, 20, causal=True, learnable_sink=sink)

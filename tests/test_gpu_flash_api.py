@@ -270,6 +270,34 @@ def test_flash_attn_varlen_func_with_block_table_matches_reference_per_sequence(
     assert not failures, f"{spec.name} page_size {page_size}: " + "; ".join(failures)
 
 
+def test_packed_forms_match_the_unpacked_calls():
+    """flash_attn_qkvpacked_func and flash_attn_varlen_kvpacked_func read their packed tensor's strided
+    views: output and gradients bit for bit those of the unpacked, contiguous call (deterministic)."""
+    generator = torch.Generator(device="cuda").manual_seed(11)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=generator, device="cuda").to(torch.bfloat16)
+
+    def run(function, tensors, *args, **options):
+        leaves = [t.detach().clone().requires_grad_() for t in tensors]
+        out = function(*leaves, *args, deterministic=True, **options)
+        out.backward(dout)
+        return out, [t.grad for t in leaves]
+
+    qkv, dout = draw(2, 77, 3, 8, 128), draw(2, 77, 8, 128)
+    packed, (dqkv,) = run(fa_gen.flash_attn_qkvpacked_func, [qkv], causal=True)
+    plain, grads = run(fa_gen.flash_attn_func, [t.contiguous() for t in qkv.unbind(2)], causal=True)
+    assert torch.equal(packed, plain) and torch.equal(dqkv, torch.stack(grads, 2)), "qkvpacked"
+    cu_q = torch.tensor([0, 50, 77], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 31, 120], dtype=torch.int32, device="cuda")
+    q, kv, dout = draw(77, 8, 128), draw(120, 2, 2, 128), draw(77, 8, 128)
+    packed, (dq, dkv) = run(fa_gen.flash_attn_varlen_kvpacked_func, [q, kv], cu_q, cu_k, 50, 89, causal=True)
+    plain, grads = run(fa_gen.flash_attn_varlen_func, [q, *(t.contiguous() for t in kv.unbind(1))], cu_q, cu_k,
+                       50, 89, causal=True)
+    assert torch.equal(packed, plain) and torch.equal(dq, grads[0]), "varlen_kvpacked"
+    assert torch.equal(dkv, torch.stack(grads[1:], 1)), "varlen_kvpacked dkv"
+
+
 def _reference_gradients(spec, inputs, q, k, v, sink, dout):
     """The float64 reference gradients of (q, k, v[, sink]) for upstream `dout` (batch-major
     tensors) and each one's tolerance: twice the same-precision PyTorch error, a rounding floor, and

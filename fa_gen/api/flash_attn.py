@@ -139,6 +139,54 @@ class _VarlenSinkGradient(torch.autograd.Function):
         return dout, None, -terms.sum(1).to(sinks.dtype), None
 
 
+# FlashAttention-2's packed forms: one tensor holds q, k and v (or k and v) along the axis before the
+# heads; each is its view there (strided, as the kernels take them), and autograd gathers the views'
+# gradients back into one tensor of the packed shape.
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func on qkv (batch, seqlen, 3, heads, d)."""
+    q, k, v = _unpacked(qkv, 3, "qkv", "(batch, seqlen, 3, heads, head_dim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func on q (batch, seqlen_q, heads, d) and kv (batch, seqlen_k, 2, heads_kv, d)."""
+    k, v = _unpacked(kv, 2, "kv", "(batch, seqlen_k, 2, heads_kv, head_dim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash_attn_varlen_func on qkv (total_tokens, 3, heads, d), queries and keys sharing cu_seqlens."""
+    q, k, v = _unpacked(qkv, 3, "qkv", "(total_tokens, 3, heads, head_dim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_varlen_func on q (total_q, heads, d) and kv (total_k, 2, heads_kv, d)."""
+    k, v = _unpacked(kv, 2, "kv", "(total_k, 2, heads_kv, head_dim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def _unpacked(packed, parts: int, name: str, layout: str):
+    """The `parts` views of `packed` along its axis before the heads (layout names the shape)."""
+    dims = layout.count(",") + 1
+    if not isinstance(packed, torch.Tensor) or packed.dim() != dims or packed.shape[-3] != parts:
+        shown = tuple(packed.shape) if isinstance(packed, torch.Tensor) else type(packed).__name__
+        raise InputError(f"{name} must be a {dims}-D tensor {layout}; got {shown}")
+    return packed.unbind(-3)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
