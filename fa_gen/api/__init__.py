@@ -24,7 +24,7 @@ from .flash_mla import flash_mla_with_kvcache, get_mla_metadata
 from .kvcache import attention_with_kvcache
 from .varlen import attention_varlen
 
-__all__ = ["attention", "attention_fp8", "attention_fp8_varlen", "attention_varlen", "attention_with_kvcache", "flash_attn_func", "flash_attn_varlen_func",
-           "flash_attn_with_kvcache", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
-           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_mla_with_kvcache", "get_mla_metadata", "merge_attention_states",
-           "mla_decode"]
+__all__ = ["attention", "attention_fp8", "attention_fp8_varlen", "attention_varlen", "attention_with_kvcache",
+           "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_qkvpacked_func",
+           "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
+           "flash_mla_with_kvcache", "get_mla_metadata", "merge_attention_states", "mla_decode"]
