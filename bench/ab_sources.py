@@ -14,7 +14,8 @@ PYTHONPATH, its JSON into a temporary folder), then prints per cell and implemen
 median over rounds of each tree and the ratio B / A. Only fa_gen's implementations differ
 between trees; the anchors' rows show the machine's drift between rounds.
 
---bench decode runs bench/bench_decode.py (GB/s; pass e.g. `-- --parts paged --cells ...`).
+--bench decode runs bench/bench_decode.py (GB/s; pass e.g. `-- --parts paged --cells ...`);
+--bench forward runs bench/bench_forward.py (TFLOP/s; e.g. `-- --seqlens 512,1024 --impls fa_gen,fa4`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("fa_gen", "templates", "specs", "bench", "pyproject.toml")
-BENCHES = {"decode": ("bench/bench_decode.py", "gbps")}
+BENCHES = {"decode": ("bench/bench_decode.py", "gbps"), "forward": ("bench/bench_forward.py", "tflops")}
 
 
 def prepare(commit: str, root: Path = ROOT, into: Path | None = None) -> Path:
@@ -50,8 +51,9 @@ def prepare(commit: str, root: Path = ROOT, into: Path | None = None) -> Path:
 
 
 def rows(report: dict, metric: str) -> dict[tuple[str, str], float]:
-    """(cell, impl) -> metric for every timed result of a bench_decode report."""
-    cells = []
+    """(cell, impl) -> metric for every timed result of a bench_decode or bench_forward report."""
+    cells = [{**cell, "name": f"{cell['dtype']}_d{cell['head_dim']}_{'causal' if cell['causal'] else 'full'}"
+                              f"_s{cell['seqlen']}"} for cell in report.get("cells", []) if "dtype" in cell]
     for part in ("decode", "paged"):
         cells += report.get(part) or []
     varlen = report.get("varlen") or {}

@@ -32,3 +32,12 @@ def test_rows_cover_decode_paged_and_varlen_cells():
     }
     assert ab_sources.rows(json.loads(json.dumps(report)), "gbps") == {
         ("b1", "fa_gen_split"): 3800.0, ("b1_p16", "fa_gen_paged"): 3500.0, ("h16", "fa_gen"): 522.0}
+
+
+def test_rows_name_bench_forward_cells_by_dtype_head_dim_mask_and_length():
+    report = {"cells": [{"dtype": "bf16", "head_dim": 128, "causal": False, "seqlen": 512, "batch": 32, "heads": 16,
+                         "results": [{"impl": "fa_gen", "tflops": 430.0}, {"impl": "fa4", "error": "x"}]},
+                        {"dtype": "fp16", "head_dim": 64, "causal": True, "seqlen": 1024, "batch": 16, "heads": 32,
+                         "results": [{"impl": "sdpa_cudnn", "tflops": 280.0}]}]}
+    assert ab_sources.rows(report, "tflops") == {
+        ("bf16_d128_full_s512", "fa_gen"): 430.0, ("fp16_d64_causal_s1024", "sdpa_cudnn"): 280.0}

@@ -73,10 +73,13 @@ class TileConfig:
     # (0: l2_kv_mb, the groups of the other grids).
     persist_l2_mb: int = 0
     # Heads whose K/V span at most SHORT_L2_KEYS keys: L2 groups of this many MB instead of
-    # l2_kv_mb (0: no such rule). An experiment until measured on its own: H200, bf16 d128
-    # non-causal, 4 MB groups at every length took 512 410 -> 443, 1k 524 -> 546 and 2k
-    # 593 -> 555 TFLOP/s (bench/results/2026-11-26-c0666eb-ab-tuning-short-h200.json).
-    short_l2_kv_mb: int = 0
+    # l2_kv_mb (0: no such rule; persistent causal grids keep their one longest-first order).
+    # H200, bf16 d128 non-causal, 4 MB groups at every length took 512 410 -> 443, 1k 524 -> 546
+    # and 2k 593 -> 555 TFLOP/s (bench/results/2026-11-26-c0666eb-ab-tuning-short-h200.json);
+    # hence the rule stops at 1k keys. H100, bf16 non-causal, TFLOP/s at 512 / 1k, without / with
+    # (bench/results/2026-11-26-fc950b5-ab-tuning-h100.json): d64 301/372 -> 315/384,
+    # d128 351/494 -> 430/556, d256 362/547 -> 415/557.
+    short_l2_kv_mb: int = 4
     # 2: the softmax moves a row's reference max only when the new max exceeds it by more than
     # STALE_MAX_LOG2 in the exponent, and a warp whose rows all kept theirs skips the O rescale
     # (64 FMULs a step at d128); 1: every step takes the new max. For fp8 inputs, whose P
