@@ -70,9 +70,12 @@ def test_forward_matches_reference(kernels, data, shape, seed):
 
 
 # Shapes that stress the edges on purpose: tails of every size, seqlen_q > seqlen_k
-# (bottom-right masks leave whole rows empty), a single key, a single query.
+# (bottom-right masks leave whole rows empty), a single key, a single query; and heads of at
+# most 1k keys in more (batch, head) pairs than one L2 group of the sm90 scheduler holds
+# (short_l2_kv_mb: 4 MB of K/V, 8 heads at d128, 16 at d64), the last group partial.
 EDGE_SHAPES = [Shape(1, 1, 1, 1, 1), Shape(2, 257, 1000, 6, 2), Shape(1, 1000, 257, 8, 1),
-               Shape(3, 1, 2048, 4, 4), Shape(1, 2048, 1, 2, 2), Shape(2, 129, 127, 16, 2)]
+               Shape(3, 1, 2048, 4, 4), Shape(1, 2048, 1, 2, 2), Shape(2, 129, 127, 16, 2),
+               Shape(3, 1000, 1000, 11, 11), Shape(2, 700, 1024, 12, 4)]
 
 
 @pytest.mark.parametrize("family", ["sm90", "sm80", "sm100"])

@@ -73,12 +73,16 @@ class TileConfig:
     # (0: l2_kv_mb, the groups of the other grids).
     persist_l2_mb: int = 0
     # Heads whose K/V span at most SHORT_L2_KEYS keys: L2 groups of this many MB instead of
-    # l2_kv_mb (0: no such rule; persistent causal grids keep their one longest-first order).
+    # l2_kv_mb (0: no such rule), causal-like masks too (longest first within each group).
     # H200, bf16 d128 non-causal, 4 MB groups at every length took 512 410 -> 443, 1k 524 -> 546
     # and 2k 593 -> 555 TFLOP/s (bench/results/2026-11-26-c0666eb-ab-tuning-short-h200.json);
     # hence the rule stops at 1k keys. H100, bf16 non-causal, TFLOP/s at 512 / 1k, without / with
     # (bench/results/2026-11-26-fc950b5-ab-tuning-h100.json): d64 301/372 -> 315/384,
-    # d128 351/494 -> 430/556, d256 362/547 -> 415/557.
+    # d128 351/494 -> 430/556, d256 362/547 -> 415/557. Causal (in place of one longest-first
+    # order over every head), H100, same-run A/B, 3 rounds, median of fa_gen / best anchor per
+    # round at 512 / 1k (bench/results/logs/2026-11-27-s19/c5-ab-causal-l2-h100.json): d64 bf16
+    # 0.97/0.87 -> 1.14/1.00, fp16 0.89/0.89 -> 1.00/1.02; d128 bf16 1.00/1.07 -> 1.18/1.10,
+    # fp16 1.02/1.14 -> 1.08/1.09; d256 0.98-1.06 both ways (its short tile is one CTA a tile).
     short_l2_kv_mb: int = 4
     # 2: the softmax moves a row's reference max only when the new max exceeds it by more than
     # STALE_MAX_LOG2 in the exponent, and a warp whose rows all kept theirs skips the O rescale

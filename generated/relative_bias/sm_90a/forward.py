@@ -259,9 +259,6 @@ class FlashAttentionForward:
         num_tiles = num_m_blocks * num_bh
         kv_bytes_per_head = mK.shape[1] * ((HEAD_DIM_QK + HEAD_DIM_V) * DTYPE.width // 8)
         group_heads = cutlass.max(cutlass.min(L2_KV_BYTES // kv_bytes_per_head, num_bh), 1)
-        # Heads of at most 1024 keys: L2 groups of 4 MB of K/V instead.
-        if kv_bytes_per_head <= 1024 * ((HEAD_DIM_QK + HEAD_DIM_V) * DTYPE.width // 8):
-            group_heads = cutlass.max(cutlass.min(4194304 // kv_bytes_per_head, num_bh), 1)
         num_ctas = cutlass.min(num_tiles, NUM_SMS)
         if const_expr(LONGEST_FIRST):
             if num_m_blocks <= PERSIST_M_BLOCKS:
@@ -275,6 +272,10 @@ class FlashAttentionForward:
                 # spread of tile lengths leaves some SMs idle; without groups, K/V of all heads
                 # would stream from HBM.)
                 num_ctas = num_tiles
+        # Heads of at most 1024 keys: L2 groups of 4 MB of K/V instead
+        # (causal-like ones too: longest first within each group).
+        if kv_bytes_per_head <= 1024 * ((HEAD_DIM_QK + HEAD_DIM_V) * DTYPE.width // 8):
+            group_heads = cutlass.max(cutlass.min(4194304 // kv_bytes_per_head, num_bh), 1)
         grid = (num_ctas, 1, 1)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE,
