@@ -151,6 +151,12 @@ _DEFAULT_TILES = {
 # bench/results/2026-11-21-ef9574e-sweep-short-causal.json; anchors in the same runs):
 #   d64  128x128 pp 209/287/333/356 against the long tile 192x128 187/260/351/381 (cuDNN 212/291/312/360);
 #   d256 128x80, one CTA per tile, 262/413/-/506 against the persistent 234/340/-/533 (cuDNN 268/384/-/471).
+#   At 2k the H100 disagrees (2026-11-27, the two trees alternated in one call, `python
+#   bench/ab_sources.py run ... --bench forward -- --seqlens 2048 --head-dims 256`,
+#   bench/results/logs/2026-11-27-s19/c8-ab-d256-causal-2k-short-kind-h100.log): one CTA per tile
+#   480/478 bf16 and 454/473 fp16 against the persistent 452/419/426 and 401/432 (cuDNN 420-466).
+#   Up to 2k it is: at worst 0.95 of the persistent on the H200 (still 1.07x cuDNN there), where
+#   the persistent was 0.90-1.04x cuDNN on the H100.
 # d128 (128x128) had no short-sequence winner (persistent or not: within run-to-run spread).
 # Non-causal has none either (H100, 2026-11-26, `python bench/sweep_sm90.py`, logs
 # bench/results/logs/2026-11-26-a7528fd-s14c5 and -s14c6; TFLOP/s at 512 / 1k / 2k):
@@ -198,7 +204,7 @@ VARLEN_BACKWARD_KIND = "backward_varlen"
 VARLEN_BACKWARD_DROPOUT_KIND = "backward_varlen_dropout"
 _SHORT_TILES = {
     (64, 64): ShortTiles(1024, TileConfig(128, 128, 2, 2)),
-    (256, 256): ShortTiles(1024, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
+    (256, 256): ShortTiles(2048, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
 }
 
 
