@@ -3,6 +3,7 @@
     python bench/bench_forward.py --commit $(git rev-parse --short HEAD) [--out DIR] [--plot]
     python bench/bench_forward.py --backward ...   # the backward pass instead
     python bench/bench_forward.py --variants [NAME,...] [--seqlens 1024,8192] [--family sm80]
+    python bench/bench_forward.py --rounds 3 ...   # each cell's implementations 3 times, order rotated
 
 --backward times the backward alone: per input set the forward runs once (outside the timing)
 with inputs that require grad, then each timed call is torch.autograd.grad(out, (q, k, v),
@@ -116,14 +117,35 @@ def cases(args):
                                args.backward)
 
 
-def run_cell(case: Case, impls: list[str], family: str | None = None) -> dict:
+def run_cell(case: Case, impls: list[str], family: str | None = None, rounds: int = 1) -> dict:
+    """Every implementation timed `rounds` times, the order rotated each round (round r starts at
+    impls[r]), so that no implementation always runs first or right after the same one; each
+    result is the median of its rounds (merge_rounds)."""
     sets = make_input_sets(4, case.batch, case.seqlen, case.heads, case.heads, case.head_dim,
                            case.head_dim, case.torch_dtype)
+    timed = {name: [] for name in impls}
+    for r in range(rounds):
+        for name in impls[r % len(impls):] + impls[:r % len(impls)]:
+            timed[name].append(time_case(name, case, sets, family))
     cell = {"dtype": case.dtype, "head_dim": case.head_dim, "causal": case.causal, "seqlen": case.seqlen,
-            "batch": case.batch, "heads": case.heads,
-            "results": [time_case(n, case, sets, family) for n in impls]}
+            "batch": case.batch, "heads": case.heads, "results": [merge_rounds(timed[n]) for n in impls]}
     del sets
     return cell
+
+
+def merge_rounds(results: list[dict]) -> dict:
+    """One implementation's rounds as one result: the median of each timing (ms, tflops and their
+    back-to-back forms) and the rounds' TFLOP/s under "tflops_rounds"; a round that failed makes
+    the result that round's error."""
+    failed = [r for r in results if "tflops" not in r]
+    if failed or len(results) == 1:
+        return (failed or results)[0]
+    merged = dict(results[0])
+    for key in ("ms", "tflops", "ms_back_to_back", "tflops_back_to_back"):
+        if key in merged:
+            merged[key] = statistics.median(r[key] for r in results)
+    merged["tflops_rounds"] = [r["tflops"] for r in results]
+    return merged
 
 
 def ratio_to_best_anchor(cell: dict) -> tuple[float | None, str | None]:
@@ -308,7 +330,9 @@ def write_report(args, mode: str, cells: list, **extra) -> dict:
         "mode": mode,
         "command": "python bench/bench_forward.py " + " ".join(sys.argv[1:]),
         "family": args.family,
-        "method": f"median of {REPEATS} CUDA-event timings after 5 warm-ups, 4 rotated input sets; "
+        "method": f"median of {REPEATS} CUDA-event timings after 5 warm-ups, 4 rotated input sets"
+                  + (f", then the median of {args.rounds} rounds, the implementations' order rotated each round"
+                     if getattr(args, "rounds", 1) > 1 else "") + "; "
                   + METHOD[mode] + "; batch*seqlen = 16k, heads*head_dim = 2048",
         **extra,
         "cells": cells,
@@ -348,6 +372,9 @@ def parse_args(argv=None):
                       help="time the expression variants (all, or those named: "
                            + ",".join(variants.BY_NAME) + ")")
     parser.add_argument("--plot", action="store_true", help="also write a PNG (needs matplotlib)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time each cell's implementations this many times, the order rotated each "
+                             "round; medians reported (forward and --backward)")
     args = parser.parse_args(argv)
     unknown = set((args.variants or "all").split(",")) - set(variants.BY_NAME) - {"all"}
     if unknown:
@@ -369,7 +396,7 @@ def main() -> int:
     args.seqlens = args.seqlens or "512,1024,2048,4096,8192,16384"
     rows = []
     for case in cases(args):
-        rows.append(run_cell(case, impls, args.family))
+        rows.append(run_cell(case, impls, args.family, args.rounds))
         print(format_row(rows[-1]), flush=True)
     write_report(args, "backward" if args.backward else "forward", rows)
     return 0
