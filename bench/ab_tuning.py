@@ -5,6 +5,8 @@ in one process: what a change of the tile table would buy before it is made.
         [--dtypes bf16] [--head-dims 64,128] [--seqlens 2048,8192] [--anchors sdpa_cudnn,fa4]
 
 TFLOP/s as bench/bench_forward.py counts them (batch*seqlen = 16k, heads*d = 2048, causal and not).
+A spec with a tuning has no short-sequence kind; where the default picks one, the default's
+"forward" kind is timed beside it, so that a tuning is compared with the same kind too.
 Writes DIR/DATE-COMMIT-ab-tuning.json.
 """
 
@@ -68,6 +70,13 @@ def main(argv=None) -> int:
             kernel = build(spec_for(case, tuning))
             rows.append({"impl": "fa_gen", "tuning": tuning or {}, **time_fn(lambda q, k, v: kernel.forward(q, k, v),
                                                                              sets, flops)})
+            kind = kernel.kind_for(case.seqlen, case.seqlen)
+            if tuning is None and kind != "forward" and len(tunings) > 1:
+                # A spec with a tuning has one kernel (no short-sequence kind): the default's
+                # "forward" kind too, so that the tunings are compared like with like.
+                pinned = kernel.pinned("forward")
+                rows.append({"impl": "fa_gen", "tuning": {}, "kind": "forward (not " + kind + ")",
+                             **time_fn(lambda q, k, v: pinned.forward(q, k, v), sets, flops)})
         for name in args.anchors.split(","):
             try:
                 rows.append({"impl": name, **time_fn(IMPLEMENTATIONS[name](case), sets, flops)})
@@ -76,7 +85,8 @@ def main(argv=None) -> int:
         cell = {"dtype": case.dtype, "head_dim": case.head_dim, "causal": case.causal, "seqlen": case.seqlen,
                 "results": rows}
         print(json.dumps({k: cell[k] for k in ("dtype", "head_dim", "causal", "seqlen")}),
-              " | ".join(f"{r['impl']}{r.get('tuning', '')}: {r.get('tflops', 0):.0f}" for r in rows), flush=True)
+              " | ".join(f"{r['impl']}{r.get('tuning', '')}{' ' + r['kind'] if 'kind' in r else ''}: {r.get('tflops', 0):.0f}"
+                         for r in rows), flush=True)
         cells.append(cell)
         del sets
     report = {"commit": args.commit, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
