@@ -64,7 +64,8 @@ class TileConfig:
     # Causal-like masks: query tiles per head up to which the grid is persistent (static snake
     # over one longest-first list); above it, one CTA per tile and the hardware balances.
     persist_m_blocks: int = 64
-    # Causal-like masks, persistent grid: 1, one longest-first order over every (batch, head);
+    # Causal-like masks, persistent grid (heads of more than SHORT_L2_KEYS keys: short_l2_kv_mb
+    # decides the others): 1, one longest-first order over every (batch, head);
     # 2, the L2 groups of l2_kv_mb as without a causal mask (l2_kv_mb 1: sequence by sequence,
     # head by head, as the varlen scheduler goes). An experiment: H100, 8 x 2048, h16, d128,
     # causal: 350 TFLOP/s for 1, 549 for the varlen kernel's order (bench/varlen_sweep.py).

@@ -262,7 +262,7 @@ class FlashAttentionForward:
             if num_m_blocks <= PERSIST_M_BLOCKS:
                 # Tile costs fall with the rank: one global longest-first order balances the
                 # snake (a wave's CTAs then work on neighbouring ranks of all heads, in step, so
-                # they still read K/V close together).
+                # they still read K/V close together). Short heads: see below.
                 # (persist_l2_groups 2 with persist_l2_mb: L2 groups of that many MB of K/V
                 # instead, a few heads with every query tile of each.)
                 group_heads = cutlass.max(cutlass.min(4194304 // kv_bytes_per_head, num_bh), 1)

@@ -264,7 +264,7 @@ class FlashAttentionForward:
             if num_m_blocks <= PERSIST_M_BLOCKS:
                 # Tile costs fall with the rank: one global longest-first order balances the
                 # snake (a wave's CTAs then work on neighbouring ranks of all heads, in step, so
-                # they still read K/V close together).
+                # they still read K/V close together). Short heads: see below.
                 group_heads = num_bh
             else:
                 # Long, uneven tiles: one CTA per tile, longest first within each L2 group, and
