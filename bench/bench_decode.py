@@ -19,7 +19,10 @@ it runs the padded (DOCUMENTS, max_len) batch with is_causal=True, labelled "pad
 still credited with the useful FLOPs only (the padding is its cost).
 
 Timing: median of REPEATS CUDA-event timings after WARMUP calls; before every timed call L2
-is flushed (a FLUSH_BYTES buffer zeroed). Two numbers per implementation:
+is flushed by reading a FLUSH_BYTES buffer (Timer.evict). A read, not a write: a buffer zeroed
+instead leaves the L2 full of dirty lines, whose write-backs then share the HBM with the timed
+call's first reads (H100: the MQA cell's 268 MB read 0.85 of the copy bandwidth after a zeroing,
+0.92 after a read; b64's 2 GB 1.00 and 1.01; bench/flush_probe.py). Two numbers per implementation:
   ms       device time: a ~SLEEP_CYCLES spin kernel is queued after the flush and before the
            start event, so the host's per-call work (argument checks, allocations, launches)
            hides behind it, as it does when a decode step is replayed from a CUDA graph;
@@ -58,7 +61,8 @@ from fa_gen.timing import attention_flops  # noqa: E402
 WARMUP = 5
 REPEATS = 30
 FLUSH_BYTES = 256 << 20       # > 5x the H100/H200 L2 (50 MB)
-SLEEP_CYCLES = 300_000        # ~150 us at 2 GHz: covers FA4's ~60 us per-call host time
+SLEEP_CYCLES = 1_000_000      # ~500 us at 2 GHz: covers every path's per-call host time (FA4 ~100 us,
+                              # the KV-cache call 130-230 us; at 150 us its eager rows swung 5-7%)
 COPY_BYTES = 2 << 30          # the copy reads 2 GiB and writes 2 GiB
 
 DOCUMENTS = 8
@@ -158,8 +162,13 @@ class Timer:
     """CUDA-event medians with L2 flushed before every timed call (see the module docstring)."""
 
     def __init__(self, flush_bytes: int = FLUSH_BYTES):
-        self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+        self.flush = torch.zeros(flush_bytes // 4, dtype=torch.float32, device="cuda")
         self.sleep = getattr(torch.cuda, "_sleep", None)
+
+    def evict(self) -> None:
+        """Fill the L2 with clean lines of the flush buffer (a read sweep): whatever a timed call
+        reads then comes from HBM, and no write-back of an earlier call's lines is left to it."""
+        self.flush.sum()
 
     def median_ms(self, fn: Callable[[], object], hide_host: bool = True) -> float:
         for _ in range(WARMUP):
@@ -168,7 +177,7 @@ class Timer:
         times = []
         for _ in range(REPEATS):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.flush.zero_()
+            self.evict()
             if hide_host and self.sleep is not None:
                 self.sleep(SLEEP_CYCLES)
             else:
@@ -209,6 +218,36 @@ def time_impl(name: str, make: Callable[[], Callable], timer: Timer | None,
         return {**result, "error": _error(exc)}
     return {**result, "ms": ms, "ms_host": ms_host, **work(ms),
             **{f"{key}_host": value for key, value in work(ms_host).items()}}
+
+
+def time_rounds(impls: list[str], time_one: Callable[[str, bool], dict], rounds: int = 1) -> list[dict]:
+    """Each implementation timed `rounds` times, the order rotated each round (round r starts at
+    impls[r]) so that none always runs first or right after the same one; time_one(name, check)
+    checks the output in the first round only. Per implementation, the median of each timing and
+    of its rates (merge_rounds), in the order of `impls`."""
+    timed = {name: [] for name in impls}
+    for r in range(rounds):
+        shift = r % len(impls)
+        for name in impls[shift:] + impls[:shift]:
+            timed[name].append(time_one(name, r == 0))
+    return [merge_rounds(timed[name]) for name in impls]
+
+
+ROUND_KEYS = ("ms", "ms_host", "gbps", "gbps_host", "tflops", "tflops_host")
+
+
+def merge_rounds(results: list[dict]) -> dict:
+    """One implementation's rounds as one result: the median of each of ROUND_KEYS, the rounds'
+    ms under "ms_rounds", the first round's check; a round that failed makes the result its error."""
+    failed = [r for r in results if "ms" not in r]
+    if failed or len(results) == 1:
+        return (failed or results)[0]
+    merged = dict(results[0])
+    for key in ROUND_KEYS:
+        if key in merged:
+            merged[key] = statistics.median(r[key] for r in results)
+    merged["ms_rounds"] = [r["ms"] for r in results]
+    return merged
 
 
 def copy_bandwidth(timer: Timer, nbytes: int = COPY_BYTES) -> dict:
@@ -437,7 +476,8 @@ def seeded_decode_inputs(cell: DecodeCell, seed: int = 0):
     return resolve_spec(fa_gen_spec(False, cell.dtype, cell.head_dim)), q, k, torch.randn_like(k)
 
 
-def run_decode_cell(cell: DecodeCell, impls: list[str], timer: Timer, copy_gbps: float, device="cuda") -> dict:
+def run_decode_cell(cell: DecodeCell, impls: list[str], timer: Timer, copy_gbps: float, device="cuda",
+                    rounds: int = 1) -> dict:
     dtype = TORCH_DTYPES[cell.dtype]
 
     def draw(seqlen, heads):
@@ -446,7 +486,8 @@ def run_decode_cell(cell: DecodeCell, impls: list[str], timer: Timer, copy_gbps:
     q, k, v = draw(1, cell.heads_q), draw(cell.seqlen_k, cell.heads_kv), draw(cell.seqlen_k, cell.heads_kv)
     check = decode_check(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v)
     work = lambda ms: {"gbps": gbps(cell.kv_bytes, ms)}   # noqa: E731
-    results = [time_impl(name, lambda: DECODE_IMPLS[name](cell, q, k, v), timer, work, check) for name in impls]
+    results = time_rounds(impls, lambda name, first: time_impl(
+        name, lambda: DECODE_IMPLS[name](cell, q, k, v), timer, work, check if first else None), rounds)
     del q, k, v
     torch.cuda.empty_cache()
     return summarize_decode({**asdict(cell), "kv_bytes": cell.kv_bytes, "results": results}, copy_gbps)
@@ -483,12 +524,14 @@ def varlen_inputs(cell: VarlenCell, lengths: list[int], device="cuda") -> Varlen
     return VarlenInputs(*packed, cu_seqlens(lengths, device), longest, tuple(padded))
 
 
-def run_varlen_cell(cell: VarlenCell, lengths: list[int], impls: list[str], timer: Timer, device="cuda") -> dict:
+def run_varlen_cell(cell: VarlenCell, lengths: list[int], impls: list[str], timer: Timer, device="cuda",
+                    rounds: int = 1) -> dict:
     inputs = varlen_inputs(cell, lengths, device)
     flops = useful_causal_flops(lengths, cell.heads_q, cell.head_dim)
     work = lambda ms: {"tflops": tflops(flops, ms)}   # noqa: E731
     check = varlen_check(cell, inputs, lengths)
-    results = [time_impl(name, lambda: VARLEN_IMPLS[name](cell, inputs), timer, work, check) for name in impls]
+    results = time_rounds(impls, lambda name, first: time_impl(
+        name, lambda: VARLEN_IMPLS[name](cell, inputs), timer, work, check if first else None), rounds)
     del inputs
     torch.cuda.empty_cache()
     return summarize_varlen({**asdict(cell), "useful_flops": flops, "results": results})
@@ -548,9 +591,10 @@ def varlen_table(cells: list[dict], impls: list[str], lengths: list[int]) -> str
 
 METHOD = {
     "timing": f"median of {REPEATS} CUDA-event timings after {WARMUP} warm-ups; L2 flushed before every "
-              f"timed call ({FLUSH_BYTES >> 20} MiB zeroed); ms: a {SLEEP_CYCLES}-cycle spin kernel between the "
+              f"timed call ({FLUSH_BYTES >> 20} MiB read: the L2 left clean); ms: a {SLEEP_CYCLES}-cycle spin kernel between the "
               "flush and the start event hides per-call host time (device time, as under CUDA graphs); "
-              "ms_host: synchronize, then start event, call, end event (per-call host time counts)",
+              "ms_host: synchronize, then start event, call, end event (per-call host time counts); with --rounds N, "
+              "each cell's implementations timed N times in rotated orders and each value the median of its rounds",
     "decode": "seqlen_q = 1, no mask; GB/s = (bytes of K + bytes of V) / ms (true K/V bytes, also for an anchor "
               "called with expanded K/V heads); fraction_of_copy = GB/s / copy GB/s; fa_gen = the faster of "
               "fa_gen_attention and fa_gen_raw by ms",
@@ -662,6 +706,9 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--plot", action="store_true", help="also write a PNG (needs matplotlib)")
     parser.add_argument("--parts", default="decode,varlen", help="decode, varlen or both")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time each cell's implementations this many times, the order rotated each "
+                             "round; report the medians (the rounds' ms kept as ms_rounds)")
     parser.add_argument("--cells", default=None, help="comma-separated cell names (default: all)")
     parser.add_argument("--impls", default=",".join(DECODE_DEFAULT),
                         help="decode implementations, of " + ",".join(DECODE_IMPLS))
@@ -696,17 +743,17 @@ def main(argv=None) -> int:
     decode, varlen = [], []
     for cell in DECODE_CELLS if "decode" in parts else ():
         if chosen is None or cell.name in chosen:
-            decode.append(run_decode_cell(cell, impls, timer, copy["gbps"]))
+            decode.append(run_decode_cell(cell, impls, timer, copy["gbps"], rounds=args.rounds))
             print(decode_table(decode[-1:], copy, [n for n in impls if n in DECODE_ANCHORS]).splitlines()[-1],
                   flush=True)
     for cell in VARLEN_CELLS if "varlen" in parts else ():
         if chosen is None or cell.name in chosen:
-            varlen.append(run_varlen_cell(cell, lengths, varlen_impls, timer))
+            varlen.append(run_varlen_cell(cell, lengths, varlen_impls, timer, rounds=args.rounds))
             print(varlen_table(varlen[-1:], varlen_impls, lengths).splitlines()[-1], flush=True)
     paged, paged_impls, bench_paged = [], args.paged_impls.split(","), _paged()
     for cell in bench_paged.PAGED_CELLS if "paged" in parts else ():
         if chosen is None or cell.name in chosen:
-            paged.append(bench_paged.run_paged_cell(cell, paged_impls, timer, copy["gbps"]))
+            paged.append(bench_paged.run_paged_cell(cell, paged_impls, timer, copy["gbps"], rounds=args.rounds))
             print(bench_paged.paged_table(paged[-1:], paged_impls).splitlines()[-1], flush=True)
     copy["gbps_after"] = copy_bandwidth(timer)["gbps"]   # drift check; fractions use the first
     report = make_report(args.commit, torch.cuda.get_device_name(), copy, decode, varlen, lengths, argv)

@@ -149,11 +149,12 @@ CONTIGUOUS = ("fa_gen_contiguous", "fa_gen_split")
 FA4_PAGED = ("fa4_paged", "fa4_paged_splits")
 
 
-def run_paged_cell(cell: PagedCell, impls: list[str], timer, copy_gbps: float, device="cuda") -> dict:
+def run_paged_cell(cell: PagedCell, impls: list[str], timer, copy_gbps: float, device="cuda", rounds: int = 1) -> dict:
     x = paged_inputs(cell, device)
     check = decode.decode_check(_spec(cell), x.q, x.k, x.v)
     work = lambda ms: {"gbps": decode.gbps(cell.kv_bytes, ms)}   # noqa: E731
-    results = [decode.time_impl(name, lambda: PAGED_IMPLS[name](cell, x), timer, work, check) for name in impls]
+    results = decode.time_rounds(impls, lambda name, first: decode.time_impl(
+        name, lambda: PAGED_IMPLS[name](cell, x), timer, work, check if first else None), rounds)
     del x
     torch.cuda.empty_cache()
     return summarize_paged({**asdict(cell), "kv_bytes": cell.kv_bytes, "results": results}, copy_gbps)

@@ -236,7 +236,8 @@ def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     # cu_seqlens_k is not read (use_seqused_k is set): cu_seqlens_q stands in for it.
     sequences = (cu_seqlens_q, cu_seqlens_q, seqused_k, 1, max(int(max_seqlen_q), 1), page_table)
     capacity = page_table.shape[1] * k_cache.shape[1]
-    splits = num_splits or _varlen_splits(kern, max_seqlen_q, capacity, heads_q, batch, group, q.device)
+    splits = num_splits or _varlen_splits(kern, max_seqlen_q, capacity, heads_q, batch, group, q.device,
+                                          k_cache.shape[1] % (PAGE_RUN_TILES * kern.tile_n) == 0)
     return _run_split(kern, (q, k_cache, v_cache), out, lse, sequences, splits, extra)
 
 
@@ -271,13 +272,24 @@ def _varlen_call(spec: Spec, q: torch.Tensor, heads_kv: int, kind: str, max_seql
     return arch, group, extra, out, lse
 
 
+# Pages of at least this many key tiles stream like contiguous K/V (split counts as for it).
+PAGE_RUN_TILES = 4
+
+
 def _varlen_splits(kern: InferenceKernel, max_seqlen_q: int, max_seqlen_k: int, heads_q: int, batch: int,
-                   group: int, device) -> int:
-    """Key splits of a varlen call's tiles, from the longest lengths and the GPU's SM count."""
+                   group: int, device, streams_whole: bool = True) -> int:
+    """Key splits of a varlen call's tiles, from the longest lengths and the GPU's SM count.
+    `streams_whole`: K/V contiguous, or in pages of PAGE_RUN_TILES key tiles or more: a small
+    grid then fills only the CTAs per SM that reach the memory bandwidth (_saturating_ctas), as
+    the fixed-length kind does. Shorter pages fill whole waves of resident CTAs: a CTA that
+    looks up a page every tile or every few rows streams slower alone. H100, decode b1 sk128k /
+    b8 sk32k h32/8 (bench/kvcache_splits.py, 2026-11-27): contiguous 16 / 2 splits 3.01 / 3.10
+    TB/s against 32 / 4 splits 2.91 / 2.99; pages of 256 2.94 / 3.02 against 2.88 / 2.97; pages
+    of 64 2.83 / 2.92 against 2.86 / 2.96, of 16 2.48 / 2.54 against 2.87 / 2.99."""
     tiles = -(-max_seqlen_q * group // kern.tile_m) * (heads_q // group) * batch
-    # Whole waves of resident CTAs, not the saturating count: a CTA of the varlen and paged kinds
-    # streams slower (H100, paged b1 sk128k p16, 16 splits 2.40 TB/s, 32 splits 2.69).
-    return num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(device.index or 0), kern.ctas_per_sm)
+    index = device.index or 0
+    return num_splits_for(tiles, -(-max_seqlen_k // kern.tile_n), _num_sms(index), kern.ctas_per_sm,
+                          _saturating_ctas(index) if streams_whole else None)
 
 
 def _run_split(kern: InferenceKernel, qkv: tuple, out: torch.Tensor, lse: torch.Tensor, sequences: tuple,

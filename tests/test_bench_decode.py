@@ -242,3 +242,25 @@ def test_varlen_cell_on_cpu_checks_the_padded_batch(monkeypatch):
     padded = by["sdpa_flash_padded"]
     assert padded["layout"] == "padded" and padded["check"]["ok"] and padded["check"]["document"] == 1
     assert padded["tflops"] == pytest.approx(bench.useful_causal_flops(lengths, 2, 64) / 2.0 / 1e9)
+
+
+def test_rounds_rotate_the_order_and_take_medians():
+    calls = []
+
+    def time_one(name, check):
+        calls.append((name, check))
+        ms = {"a": [3.0, 1.0, 2.0], "b": [5.0, 4.0, 6.0], "c": [7.0, 9.0, 8.0]}[name][sum(n == name for n, _ in calls) - 1]
+        return {"impl": name, "ms": ms, "gbps": 10.0 / ms}
+
+    results = bench.time_rounds(["a", "b", "c"], time_one, rounds=3)
+    assert [n for n, _ in calls] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert [c for _, c in calls] == [True] * 3 + [False] * 6
+    assert [r["impl"] for r in results] == ["a", "b", "c"]
+    assert [r["ms"] for r in results] == [2.0, 5.0, 8.0]
+    assert results[0]["gbps"] == pytest.approx(5.0) and results[0]["ms_rounds"] == [3.0, 1.0, 2.0]
+
+
+def test_a_failed_round_is_the_result():
+    rounds = iter([{"impl": "a", "ms": 1.0}, {"impl": "a", "error": "boom"}])
+    (result,) = bench.time_rounds(["a"], lambda name, check: next(rounds), rounds=2)
+    assert result == {"impl": "a", "error": "boom"}

@@ -55,6 +55,18 @@ def test_a_small_grid_fills_the_ctas_that_saturate_memory():
     assert num_splits_for(512, 128, 132, 3, saturating=1) == 3
 
 
+def test_varlen_splits_saturate_where_keys_stream_whole(monkeypatch):
+    import fa_gen.inference as inference
+
+    monkeypatch.setattr(inference, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(inference, "_saturating_ctas", lambda index: 1)
+    kern = inference.InferenceKernel(None, "sm_90a", "sm80", "forward_varlen_split_pack4", None, 64, 64, 2)
+    device = torch.device("cpu")
+    # Decode b1 sk128k, 32 query heads on 8 KV heads, packed by 4: 8 tiles.
+    assert inference._varlen_splits(kern, 1, 131072, 32, 1, 4, device) == 16
+    assert inference._varlen_splits(kern, 1, 131072, 32, 1, 4, device, streams_whole=False) == 32
+
+
 def test_split_kinds_count_their_registers():
     from fa_gen.families.sm80 import split_tile_config
     d64, d128 = resolve_spec("full_fp16_d64"), resolve_spec("full_bf16_d128")
