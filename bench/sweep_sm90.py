@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from implementations import IMPLEMENTATIONS, Case  # noqa: E402
 
 from fa_gen.check import Shape, check_kernel  # noqa: E402
+from fa_gen.errors import SpecError  # noqa: E402
 from fa_gen.families.sm90 import _DEFAULT_TILES, TileConfig, _tile_reasons  # noqa: E402
 from fa_gen.spec_load import load_spec  # noqa: E402
 from fa_gen.timing import attention_flops, make_input_sets, median_ms  # noqa: E402
@@ -38,9 +39,9 @@ HIDDEN = 2048
 # Candidates per head dim, beside the table's default: (tile_m, tile_n, num_stages, pingpong).
 CANDIDATES = {
     64: [(128, 128, 2, 2), (192, 128, 3, 2), (192, 128, 2, 1), (192, 96, 2, 2)],
-    96: [(128, 128, 3, 2), (128, 128, 2, 1), (128, 160, 2, 2)],
+    96: [(128, 128, 3, 2), (128, 128, 2, 1), (128, 160, 2, 2), (128, 176, 2, 2), (128, 96, 3, 2)],
     128: [(128, 128, 2, 1), (128, 176, 2, 2), (128, 112, 2, 2), (128, 96, 3, 2)],
-    192: [(128, 112, 2, 2), (128, 96, 2, 1), (128, 128, 2, 1)],
+    192: [(128, 112, 2, 2), (128, 96, 2, 1), (128, 96, 2, 2), (128, 80, 2, 2), (128, 64, 3, 2)],
     256: [(128, 80, 2, 2), (128, 64, 2, 1), (128, 64, 2, 2)],
 }
 CHECK_SHAPE = Shape(2, 1000, 1037, 8, 2)
@@ -111,8 +112,17 @@ def main() -> None:
 
     head_dims = [int(d) for d in args.head_dims.split(",")]
     masks = args.masks.split(",")
-    specs = [make_spec(d, m, args.dtype, c) for d in head_dims for m in masks for c in candidates(d, args.configs, args.defaults_only)]
-    specs = [s for s in specs if usable(s)]
+    specs = []
+    for d in head_dims:
+        for m in masks:
+            for c in candidates(d, args.configs, args.defaults_only):
+                try:
+                    spec = make_spec(d, m, args.dtype, c)
+                except SpecError as exc:  # a tuning that cannot fit sm_90a is refused at load
+                    print(f"skipped d{d} {m} {c}: {str(exc).splitlines()[-1][:160]}", flush=True)
+                    continue
+                if usable(spec):
+                    specs.append(spec)
     start = time.perf_counter()
     precompile([(s, "sm_90a") for s in specs], jobs=args.jobs, log=lambda *_: None)
     print(f"compiled {len(specs)} candidates in {time.perf_counter() - start:.0f} s", flush=True)

@@ -130,14 +130,25 @@ class TileConfig:
 #   d128 128x128 2st pp: 429/606/679/608; causal 257/452/629/519 (persistent), 253/449/622/621 (one CTA
 #        per tile above 64 query tiles); 128x176, 128x112, 128x96 3st and no ping-pong all lose at <= 8k.
 #   d256 128x80 2st, no pp: 412/659/715/687 beats ping-pong (361/564/681/707) and 128x64 (379/618/688/688).
-#   d96 and d192 follow d128 and d256 (not swept).
+#   d96 192x96 2st pp (three consumer warpgroups, as d64), H100, session 20 (bench/sweep_sm90.py
+#        --head-dims 96, logs 2026-11-27-s20/c12): bf16 none 2k/8k/16k 482/596/588 against 128x128
+#        468/550/524, causal 349/555/535 against 282/498/498; fp16 none 500/594/557 against
+#        494/565/512, causal 373/575/504 against 302/475/470. 192 rows fit only with tile_n <= 96
+#        (S, P and O in 128 registers); 192x96 3 stages and without ping-pong, 128x96 all lower.
+#   d192 128x112 2st, no pp (as d256) for non-causal: with ping-pong the same or lower in two
+#        H100 sweeps (bf16 8k 691/745 against 704/691, 4k 696 against 628; fp16 4k/8k/16k
+#        656/708/657 against 647/708/672); causal masks take ping-pong (_CAUSAL_TUNINGS).
+#   Both against the previous table, interleaved in one call (bench/ab_sources.py, 2 rounds, H100,
+#   logs 2026-11-27-s20/c13): d96 new / old 1.08-1.29 in every cell (2k/8k/16k, both masks, bf16
+#   and fp16; the anchors' rows moved 0.98-1.10); d192 causal 8k 1.085 / 1.047, 16k 0.99 / 1.00,
+#   2k 0.96 / 1.01 (bf16 / fp16).
 # stale_max (H100, bench/sweep_sm90.py, the two alternated three times in one call, medians; logs
 # 2026-11-26-4c3d20e-s13c1): d128 non-causal 2k/8k/16k 554/620/625 -> 600/651/669, causal
 # 456/622/624 -> 480/669/669 (FA4 559/702/665, 408/629/643); d64 and d256 within the spread or
 # lower (d64 none 2k 469 -> 445, d256 causal 8k 699 -> 656), so there it stays off.
 _DEFAULT_TILES = {
     (64, 64): TileConfig(192, 128, 2, 2),
-    (96, 96): TileConfig(128, 128, 2, 2),
+    (96, 96): TileConfig(192, 96, 2, 2),
     (128, 128): TileConfig(128, 128, 2, 2, stale_max=2),
     (192, 128): TileConfig(128, 128, 2, 1),
     (192, 192): TileConfig(128, 112, 2, 1),
@@ -225,15 +236,19 @@ def padded_dims(spec: Spec) -> tuple[int, int]:
 # run's spread from measuring order: take the 4k-8k gains as within it). Not taken: d256 causal
 # (8k 691 -> 462), d64 causal (512-2k 3-5% slower), non-causal d128 with 4 MB groups (+4-8% at
 # <= 1k, -6% at 2-4k).
-_CAUSAL_L2_GROUPS = {(128, 128): {"persist_l2_groups": 2, "persist_l2_mb": 4}}
+# Causal-like masks at d192 ping-pong their two consumer warpgroups. H100, two sweeps (session
+# 20, logs 2026-11-27-s20/c11-c12), TFLOP/s without -> with: bf16 8k 618 -> 640, 596 -> 643, 4k
+# 481 -> 527, 16k 689 -> 695; fp16 4k/8k/16k 512/618/644 -> 500/628/653.
+_CAUSAL_TUNINGS = {(128, 128): {"persist_l2_groups": 2, "persist_l2_mb": 4},
+                   (192, 192): {"pingpong": 2}}
 
 
 def tile_config(spec: Spec) -> TileConfig:
     dims = padded_dims(spec)
     table = _FP8_TILES if spec.is_fp8 else _DEFAULT_TILES
     default = table.get(dims) or _unmeasured_tile(table, *dims)
-    if _longest_first(spec) and not spec.is_fp8 and dims in _CAUSAL_L2_GROUPS:
-        default = replace(default, **_CAUSAL_L2_GROUPS[dims])
+    if _longest_first(spec) and not spec.is_fp8 and dims in _CAUSAL_TUNINGS:
+        default = replace(default, **_CAUSAL_TUNINGS[dims])
     return replace(default, **spec.tuning_for(Sm90Family.name))
 
 

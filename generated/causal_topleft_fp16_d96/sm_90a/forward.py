@@ -4,12 +4,12 @@
 
 Variant: fp16, head dims qk 96 / v 96, mask causal
 (window_left=None, window_right=0, top_left), softmax_scale=0.10206207261596575.
-Tiles: 128 query rows (2 consumer warpgroups) x 128 key rows, 2 K/V stages,
+Tiles: 192 query rows (3 consumer warpgroups) x 96 key rows, 2 K/V stages,
 ping-pong on, O staged through a buffer of its own, 148480 bytes of shared memory.
 
 Warp roles. Warpgroup 0 is the producer: its first warp issues every TMA load (Q once per
 tile; K and V through 2-stage rings guarded by full/empty mbarriers) and the
-other three warps exit. Warpgroups 1..2 are consumers, each owning 64 query rows of
+other three warps exit. Warpgroups 1..3 are consumers, each owning 64 query rows of
 the tile: S = Q K^T with both operands in shared memory, online softmax in registers, and
 O += P V with P taken from registers. setmaxnreg moves registers from the producer to them.
 
@@ -43,15 +43,15 @@ from cutlass.utils import LayoutEnum
 DTYPE = cutlass.Float16
 HEAD_DIM_QK = 96
 HEAD_DIM_V = 96
-TILE_M = 128
-TILE_N = 128
+TILE_M = 192
+TILE_N = 96
 NUM_STAGES = 2
 PINGPONG = True
 O_SHARES_Q = False
 LONGEST_FIRST = True
-NUM_CONSUMER_WARPGROUPS = 2
-CONSUMER_REGISTERS = 240
-PRODUCER_REGISTERS = 24
+NUM_CONSUMER_WARPGROUPS = 3
+CONSUMER_REGISTERS = 160
+PRODUCER_REGISTERS = 32
 NUM_SMS = 132
 L2_KV_BYTES = 33554432
 # Causal-like masks: query tiles per head up to which the grid stays persistent.
@@ -405,16 +405,16 @@ class FlashAttentionForward:
             key_offset = Int32(0)
             # Key index on the diagonal of the query tile's first row; row r of the tile sees keys
             # [diagonal + r, diagonal + r + 0] (unbounded where no window).
-            n_block_diagonal = m_block * 128 + key_offset
+            n_block_diagonal = m_block * 192 + key_offset
             # Key tiles this query tile visits: [n_block_lo, n_block_hi).
-            n_block_hi = cute.ceil_div(seqlen_k, 128)
+            n_block_hi = cute.ceil_div(seqlen_k, 96)
             # ... up to the last row's right edge,
-            n_block_hi = cutlass.min(n_block_hi, cute.ceil_div(cutlass.max(n_block_diagonal + 128, 0), 128))
+            n_block_hi = cutlass.min(n_block_hi, cute.ceil_div(cutlass.max(n_block_diagonal + 192, 0), 96))
             n_block_lo = Int32(0)
             # Tiles every row sees in full, [n_block_free_lo, n_block_free_hi): inside seqlen_k,
-            n_block_free_hi = seqlen_k // 128
+            n_block_free_hi = seqlen_k // 96
             # ... left of the first row's right edge,
-            n_block_free_hi = cutlass.min(n_block_free_hi, cutlass.max(n_block_diagonal + 1, 0) // 128)
+            n_block_free_hi = cutlass.min(n_block_free_hi, cutlass.max(n_block_diagonal + 1, 0) // 96)
             n_block_free_lo = n_block_lo
             # Keep lo <= free_lo <= free_hi <= hi.
             n_block_free_hi = cutlass.max(cutlass.min(n_block_free_hi, n_block_hi), n_block_lo)
@@ -550,16 +550,16 @@ class FlashAttentionForward:
         key_offset = Int32(0)
         # Key index on the diagonal of the query tile's first row; row r of the tile sees keys
         # [diagonal + r, diagonal + r + 0] (unbounded where no window).
-        n_block_diagonal = m_block * 128 + key_offset
+        n_block_diagonal = m_block * 192 + key_offset
         # Key tiles this query tile visits: [n_block_lo, n_block_hi).
-        n_block_hi = cute.ceil_div(seqlen_k, 128)
+        n_block_hi = cute.ceil_div(seqlen_k, 96)
         # ... up to the last row's right edge,
-        n_block_hi = cutlass.min(n_block_hi, cute.ceil_div(cutlass.max(n_block_diagonal + 128, 0), 128))
+        n_block_hi = cutlass.min(n_block_hi, cute.ceil_div(cutlass.max(n_block_diagonal + 192, 0), 96))
         n_block_lo = Int32(0)
         # Tiles every row sees in full, [n_block_free_lo, n_block_free_hi): inside seqlen_k,
-        n_block_free_hi = seqlen_k // 128
+        n_block_free_hi = seqlen_k // 96
         # ... left of the first row's right edge,
-        n_block_free_hi = cutlass.min(n_block_free_hi, cutlass.max(n_block_diagonal + 1, 0) // 128)
+        n_block_free_hi = cutlass.min(n_block_free_hi, cutlass.max(n_block_diagonal + 1, 0) // 96)
         n_block_free_lo = n_block_lo
         # Keep lo <= free_lo <= free_hi <= hi.
         n_block_free_hi = cutlass.max(cutlass.min(n_block_free_hi, n_block_hi), n_block_lo)
