@@ -128,15 +128,16 @@ class Kernel(CompiledKernel):
 
     def load_variants(self) -> list[str]:
         """Compile or load every forward variant now (precompile), not on its first call."""
-        for _, kind in self._variants:
+        kinds = [kind for _, kind in self._variants if kind != "forward"]
+        for kind in kinds:
             self._variant_function(kind)
-        return [kind for _, kind in self._variants]
+        return kinds
 
     def pinned(self, kind: str) -> "Kernel":
         """This kernel with every call served by the `kind` kernel (tests, comparisons)."""
         if kind != "forward" and kind not in (k for _, k in self._variants):
             raise InputError(f"spec {self.spec.name!r} has no {kind!r} kernel in family {self.info.family}; "
-                             f"it has forward{''.join(', ' + k for _, k in self._variants)}")
+                             f"it has forward{''.join(', ' + k for _, k in self._variants if k != 'forward')}")
         function = self._function if kind == "forward" else self._variant_function(kind)
         kernel = type(self)(self.spec, self.arch, function, self.info)
         kernel._variants = []

@@ -48,6 +48,13 @@ def test_the_longer_seqlen_decides(seqlen_q, seqlen_k, kind):
     assert _kernel(_spec(64)).kind_for(seqlen_q, seqlen_k) == kind
 
 
+@pytest.mark.parametrize("seqlen,kind", [(512, "forward"), (1024, "forward"), (1025, SHORT_KIND),
+                                         (2048, SHORT_KIND), (2049, "forward")])
+def test_d192_causal_keeps_the_long_kernel_up_to_1k(seqlen, kind):
+    assert _kernel(_spec(192)).kind_for(seqlen, seqlen) == kind
+    assert _kernel(_spec(192, "none")).kind_for(seqlen, seqlen) == "forward"
+
+
 def test_the_short_kernel_renders_its_own_tiles():
     spec = _spec(64)
     short = render(spec, "sm_90a", "sm90", SHORT_KIND)

@@ -51,7 +51,8 @@ class Family:
 
     def forward_variants(self, spec: Spec, arch: str) -> list[tuple[int, str]]:
         """Forward kinds the runtime picks per call instead of "forward": (longest seqlen it
-        serves, kind), shortest first; a call whose seqlens exceed them all takes "forward"."""
+        serves, kind), shortest first; a call whose seqlens exceed them all takes "forward". An
+        entry may name "forward" itself, to keep the shortest calls on the long kernel."""
         return []
 
     def can_implement(self, spec: Spec, arch: str) -> list[str]:

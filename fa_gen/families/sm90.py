@@ -176,10 +176,17 @@ _DEFAULT_TILES = {
 #   d256 128x80 314/470/601 against 128x64 303/464/577, 128x48, 128x64 pp (cuDNN 259/454/541, FA4 309/464/597).
 # The d64 causal short tile holds: 128x128 pp 150/210 at 512 / 1k against 192x128 144/211, 128x64,
 # 128x176, 128x128 one CTA per tile (cuDNN 139/202).
+# d192 causal takes one CTA per tile above 1k only (H100, session 20, `python bench/ab_sources.py
+# run ... --bench forward -- --head-dims 192 --seqlens 512,1024,2048`, 3 rounds, logs
+# 2026-11-27-s20/c17): 128x112 ping-pong one CTA per tile against the persistent grid, bf16 /
+# fp16, 2k 502 / 496 against 390 / 389 (cuDNN 458-467); 1k 352 / 352 against 372 / 365, 512
+# 217 / 203 against 232 / 223 (there the persistent grid's 4 MB L2 groups win).
 @dataclass(frozen=True)
 class ShortTiles:
     max_seqlen: int
     tile: TileConfig
+    # Calls no longer than this keep the long kernel ("forward"); 0: the short one from length 1.
+    longer_than: int = 0
 
 
 # fp8 (e4m3) inputs, by padded (qk, v); key tiles a multiple of 32 (the K of an fp8 wgmma, and the
@@ -216,6 +223,7 @@ VARLEN_BACKWARD_KIND = "backward_varlen"
 VARLEN_BACKWARD_DROPOUT_KIND = "backward_varlen_dropout"
 _SHORT_TILES = {
     (64, 64): ShortTiles(1024, TileConfig(128, 128, 2, 2)),
+    (192, 192): ShortTiles(2048, TileConfig(128, 112, 2, 2, persist_m_blocks=0), longer_than=1024),
     (256, 256): ShortTiles(2048, TileConfig(128, 80, 2, 1, persist_m_blocks=0)),
 }
 
@@ -400,7 +408,9 @@ class Sm90Family(Family):
     def forward_variants(self, spec: Spec, arch: str) -> list[tuple[int, str]]:
         if SHORT_KIND not in self.kernel_files(spec):
             return []
-        return [(_SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].max_seqlen, SHORT_KIND)]
+        short = _SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)]
+        below = [(short.longer_than, "forward")] if short.longer_than else []
+        return below + [(short.max_seqlen, SHORT_KIND)]
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
         dims = _head_dim_reasons(spec)
