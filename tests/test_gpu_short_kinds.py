@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from fa_gen.check import Shape, check_kernel
 from fa_gen.spec_load import load_spec
 
+from .test_gpu_forward import shapes as forward_shapes
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (L1)"),
@@ -52,19 +54,14 @@ def test_every_spec_has_a_short_kind(kernels):
     assert {kind for _, kind in kernels} == {"picked", "forward", "forward_short"}
 
 
-shapes = st.builds(
-    lambda b, sq, sk, hkv, ratio: Shape(b, sq, sk, hkv * ratio, hkv),
-    st.integers(1, 3), st.integers(1, 2300), st.integers(1, 2300), st.integers(1, 3), st.integers(1, 4),
-)
-
-
 @settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "60")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(data=st.data(), shape=shapes, seed=st.integers(0, 2**31 - 1))
+@given(data=st.data(), shape=forward_shapes, seed=st.integers(0, 2**31 - 1))
 def test_short_kinds_match_reference(kernels, data, shape, seed):
+    """test_gpu_forward's shapes (batch 1-4, lengths 1-2048, GQA up to 8) on every (spec, kind)."""
     key = data.draw(st.sampled_from(sorted(kernels)), label="spec, kind")
-    result = check_kernel(kernels[key], shape, seed=seed)
-    assert result.ok, f"{key}: {result}"
+    checked = check_kernel(kernels[key], shape, seed=seed)
+    assert checked.ok, f"{key}: {checked}"
 
 
 @pytest.mark.parametrize("seqlen", [1000, 1025, 1536, 2048])
