@@ -23,6 +23,11 @@ class Case:
     batch: int
     heads: int
     backward: bool = False
+    head_dim_v: int | None = None   # V's head dim where it differs from q/k's (e.g. 192 / 128)
+
+    @property
+    def dim_v(self) -> int:
+        return self.head_dim_v or self.head_dim
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -1,6 +1,6 @@
 """Sweep sm90 tile configurations on the device: check each candidate once, time it, write JSON.
 
-    python bench/sweep_sm90.py --out DIR [--head-dims 64,128] [--masks none,causal]
+    python bench/sweep_sm90.py --out DIR [--head-dims 64,128,192/128] [--masks none,causal]
         [--seqlens 2048,8192] [--configs "128,128,2,1;128,176,2,1"] [--anchors fa4,sdpa_cudnn,fa_gen_sm80]
 
 A config is tile_m,tile_n,num_stages,pingpong[,l2_kv_mb[,persist_m_blocks[,persist_l2_groups]]][,KEY=VALUE...]
@@ -43,6 +43,8 @@ CANDIDATES = {
     128: [(128, 128, 2, 1), (128, 176, 2, 2), (128, 112, 2, 2), (128, 96, 3, 2)],
     192: [(128, 112, 2, 2), (128, 96, 2, 1), (128, 96, 2, 2), (128, 80, 2, 2), (128, 64, 3, 2)],
     256: [(128, 80, 2, 2), (128, 64, 2, 1), (128, 64, 2, 2)],
+    (192, 128): [(128, 128, 2, 2), (128, 112, 2, 2), (128, 112, 2, 1), (128, 96, 2, 2), (192, 80, 2, 2),
+                 (192, 64, 2, 2)],
 }
 CHECK_SHAPE = Shape(2, 1000, 1037, 8, 2)
 
@@ -50,24 +52,39 @@ CHECK_SHAPE = Shape(2, 1000, 1037, 8, 2)
 PARAMS = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks", "persist_l2_groups")
 
 
-def make_spec(head_dim: int, mask: str, dtype: str, cfg: tuple):
-    """cfg: values of PARAMS in order, then optional (name, value) pairs (any sm90 tuning key)."""
+def dims_of(text: str) -> tuple[int, int]:
+    """A --head-dims entry: "128" (qk = v) or "192/128" (qk / v)."""
+    qk, _, v = text.partition("/")
+    return int(qk), int(v or qk)
+
+
+def dims_label(dims: tuple[int, int]) -> str:
+    return f"d{dims[0]}" if dims[0] == dims[1] else f"d{dims[0]}v{dims[1]}"
+
+
+def make_spec(head_dim, mask: str, dtype: str, cfg: tuple):
+    """head_dim: an int or (qk, v); cfg: values of PARAMS in order, then optional (name, value)
+    pairs (any sm90 tuning key)."""
+    qk, v = (head_dim, head_dim) if isinstance(head_dim, int) else head_dim
     positional = [x for x in cfg if not isinstance(x, tuple)]
     tuning = {**dict(zip(PARAMS, positional)), **dict(x for x in cfg if isinstance(x, tuple))}
     label = "_".join(f"{x[0]}{x[1]}" if isinstance(x, tuple) else str(x) for x in cfg)
-    return load_spec({"name": f"sweep_{mask}_{dtype}_d{head_dim}_" + label,
-                      "dtype": dtype, "head_dim": head_dim, "mask": mask, "tuning": {"sm90": tuning}})
+    return load_spec({"name": f"sweep_{mask}_{dtype}_{dims_label((qk, v))}_" + label, "dtype": dtype,
+                      "head_dim": {"qk": qk, "v": v}, "mask": mask, "tuning": {"sm90": tuning}})
 
 
-def candidates(head_dim: int, configs: str | None, defaults_only: bool = False) -> list[tuple[int, ...]]:
+def candidates(head_dim, configs: str | None, defaults_only: bool = False) -> list[tuple[int, ...]]:
+    """head_dim: an int or (qk, v); CANDIDATES are keyed by qk where qk = v."""
+    dims = (head_dim, head_dim) if isinstance(head_dim, int) else head_dim
     if configs:
         return [tuple((x.split("=")[0], int(x.split("=")[1])) if "=" in x else int(x) for x in c.split(","))
                 for c in configs.split(";")]
-    d = _DEFAULT_TILES[(head_dim, head_dim)]
+    d = _DEFAULT_TILES[dims]
     default = (d.tile_m, d.tile_n, d.num_stages, d.pingpong)
     if defaults_only:
         return [default]
-    return [default] + [c for c in CANDIDATES.get(head_dim, []) if c != default]
+    listed = CANDIDATES.get(dims[0], []) if dims[0] == dims[1] else CANDIDATES.get(dims, [])
+    return [default] + [c for c in listed if c != default]
 
 
 def usable(spec) -> bool:
@@ -75,10 +92,10 @@ def usable(spec) -> bool:
 
 
 def time_kernel(fn, case: Case) -> float:
-    sets = make_input_sets(3, case.batch, case.seqlen, case.heads, case.heads, case.head_dim, case.head_dim,
+    sets = make_input_sets(3, case.batch, case.seqlen, case.heads, case.heads, case.head_dim, case.dim_v,
                            case.torch_dtype)
     ms = median_ms(fn, sets, warmup=5, repeats=20)
-    flops = attention_flops(case.batch, case.heads, case.seqlen, case.seqlen, case.head_dim, case.head_dim,
+    flops = attention_flops(case.batch, case.heads, case.seqlen, case.seqlen, case.head_dim, case.dim_v,
                             case.causal)
     return flops / ms / 1e9
 
@@ -110,7 +127,7 @@ def main() -> None:
     from fa_gen.precompile import precompile
     from fa_gen.runtime import build
 
-    head_dims = [int(d) for d in args.head_dims.split(",")]
+    head_dims = [dims_of(d) for d in args.head_dims.split(",")]
     masks = args.masks.split(",")
     specs = []
     for d in head_dims:
@@ -119,7 +136,7 @@ def main() -> None:
                 try:
                     spec = make_spec(d, m, args.dtype, c)
                 except SpecError as exc:  # a tuning that cannot fit sm_90a is refused at load
-                    print(f"skipped d{d} {m} {c}: {str(exc).splitlines()[-1][:160]}", flush=True)
+                    print(f"skipped {dims_label(d)} {m} {c}: {str(exc).splitlines()[-1][:160]}", flush=True)
                     continue
                 if usable(spec):
                     specs.append(spec)
@@ -133,15 +150,16 @@ def main() -> None:
         kernel = build(spec, "sm_90a", family="sm90")
         check = check_kernel(kernel, CHECK_SHAPE, seed=1)
         mask = spec.mask.value
-        row = {"config": spec.tuning_for("sm90"), "head_dim": spec.head_dim_qk, "mask": mask,
+        dims = (spec.head_dim_qk, spec.head_dim_v)
+        row = {"config": spec.tuning_for("sm90"), "head_dim": spec.head_dim_qk, "head_dim_v": spec.head_dim_v, "mask": mask,
                "check": str(check), "ok": check.ok, "tflops": {}}
         for seqlen in map(int, args.seqlens.split(",")):
             case = Case(args.dtype, spec.head_dim_qk, mask == "causal", seqlen, TOKENS // seqlen,
-                        HIDDEN // spec.head_dim_qk)
+                        HIDDEN // spec.head_dim_qk, head_dim_v=spec.head_dim_v)
             row["tflops"][seqlen] = round(time_kernel(lambda q, k, v: kernel.forward(q, k, v), case), 1)
         rows.append(row)
         config = ",".join(f"{k}={v}" for k, v in row["config"].items())
-        print(f"d{row['head_dim']:<3} {mask:7s} {config:70s} {'ok ' if check.ok else 'BAD'} "
+        print(f"{dims_label(dims):<4} {mask:7s} {config:70s} {'ok ' if check.ok else 'BAD'} "
               + " ".join(f"{s}:{t}" for s, t in row["tflops"].items()), flush=True)
 
     anchors = {}
@@ -149,12 +167,13 @@ def main() -> None:
         for d in head_dims:
             for mask in masks:
                 for seqlen in map(int, args.seqlens.split(",")):
-                    case = Case(args.dtype, d, mask == "causal", seqlen, TOKENS // seqlen, HIDDEN // d)
+                    case = Case(args.dtype, d[0], mask == "causal", seqlen, TOKENS // seqlen, HIDDEN // d[0],
+                                head_dim_v=d[1])
                     try:
                         tflops = round(time_kernel(IMPLEMENTATIONS[name](case), case), 1)
                     except Exception as exc:  # an anchor that cannot run a cell is recorded, not fatal
                         tflops = f"{type(exc).__name__}: {exc}"[:200]
-                    anchors.setdefault(name, {}).setdefault(f"d{d}_{mask}", {})[seqlen] = tflops
+                    anchors.setdefault(name, {}).setdefault(f"{dims_label(d)}_{mask}", {})[seqlen] = tflops
         print(name, json.dumps(anchors[name]), flush=True)
 
     out = Path(args.out) / "sweep_sm90.json"
