@@ -55,6 +55,9 @@ from typing import Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_rounds  # noqa: E402
 
 from fa_gen.timing import attention_flops  # noqa: E402
 
@@ -221,15 +224,10 @@ def time_impl(name: str, make: Callable[[], Callable], timer: Timer | None,
 
 
 def time_rounds(impls: list[str], time_one: Callable[[str, bool], dict], rounds: int = 1) -> list[dict]:
-    """Each implementation timed `rounds` times, the order rotated each round (round r starts at
-    impls[r]) so that none always runs first or right after the same one; time_one(name, check)
-    checks the output in the first round only. Per implementation, the median of each timing and
-    of its rates (merge_rounds), in the order of `impls`."""
-    timed = {name: [] for name in impls}
-    for r in range(rounds):
-        shift = r % len(impls)
-        for name in impls[shift:] + impls[:shift]:
-            timed[name].append(time_one(name, r == 0))
+    """Each implementation timed `rounds` times in rotated orders (bench_rounds); time_one(name,
+    check) checks the output in the first round only. Per implementation, the median of each
+    timing and of its rates (merge_rounds), in the order of `impls`."""
+    timed = bench_rounds.timed_rounds(impls, lambda name, r: time_one(name, r == 0), rounds)
     return [merge_rounds(timed[name]) for name in impls]
 
 
@@ -239,15 +237,7 @@ ROUND_KEYS = ("ms", "ms_host", "gbps", "gbps_host", "tflops", "tflops_host")
 def merge_rounds(results: list[dict]) -> dict:
     """One implementation's rounds as one result: the median of each of ROUND_KEYS, the rounds'
     ms under "ms_rounds", the first round's check; a round that failed makes the result its error."""
-    failed = [r for r in results if "ms" not in r]
-    if failed or len(results) == 1:
-        return (failed or results)[0]
-    merged = dict(results[0])
-    for key in ROUND_KEYS:
-        if key in merged:
-            merged[key] = statistics.median(r[key] for r in results)
-    merged["ms_rounds"] = [r["ms"] for r in results]
-    return merged
+    return bench_rounds.merge_rounds(results, ROUND_KEYS, "ms")
 
 
 def copy_bandwidth(timer: Timer, nbytes: int = COPY_BYTES) -> dict:

@@ -40,7 +40,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_rounds  # noqa: E402
 import variants  # noqa: E402
+from bench_rounds import timed_rounds  # noqa: E402
 from implementations import ANCHORS, BACKWARD_IMPLEMENTATIONS, IMPLEMENTATIONS, Case, fa_gen_impl  # noqa: E402
 
 from fa_gen.errors import FaGenError  # noqa: E402
@@ -118,15 +120,11 @@ def cases(args):
 
 
 def run_cell(case: Case, impls: list[str], family: str | None = None, rounds: int = 1) -> dict:
-    """Every implementation timed `rounds` times, the order rotated each round (round r starts at
-    impls[r]), so that no implementation always runs first or right after the same one; each
-    result is the median of its rounds (merge_rounds)."""
+    """Every implementation timed `rounds` times in rotated orders (bench_rounds), each result the
+    median of its rounds (merge_rounds)."""
     sets = make_input_sets(4, case.batch, case.seqlen, case.heads, case.heads, case.head_dim,
                            case.head_dim, case.torch_dtype)
-    timed = {name: [] for name in impls}
-    for r in range(rounds):
-        for name in impls[r % len(impls):] + impls[:r % len(impls)]:
-            timed[name].append(time_case(name, case, sets, family))
+    timed = timed_rounds(impls, lambda name, _: time_case(name, case, sets, family), rounds)
     cell = {"dtype": case.dtype, "head_dim": case.head_dim, "causal": case.causal, "seqlen": case.seqlen,
             "batch": case.batch, "heads": case.heads, "results": [merge_rounds(timed[n]) for n in impls]}
     del sets
@@ -137,15 +135,7 @@ def merge_rounds(results: list[dict]) -> dict:
     """One implementation's rounds as one result: the median of each timing (ms, tflops and their
     back-to-back forms) and the rounds' TFLOP/s under "tflops_rounds"; a round that failed makes
     the result that round's error."""
-    failed = [r for r in results if "tflops" not in r]
-    if failed or len(results) == 1:
-        return (failed or results)[0]
-    merged = dict(results[0])
-    for key in ("ms", "tflops", "ms_back_to_back", "tflops_back_to_back"):
-        if key in merged:
-            merged[key] = statistics.median(r[key] for r in results)
-    merged["tflops_rounds"] = [r["tflops"] for r in results]
-    return merged
+    return bench_rounds.merge_rounds(results, ("ms", "tflops", "ms_back_to_back", "tflops_back_to_back"), "tflops")
 
 
 def ratio_to_best_anchor(cell: dict) -> tuple[float | None, str | None]:
