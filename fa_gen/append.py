@@ -140,8 +140,10 @@ def _append_torch(k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, cac
         rows = cache_batch_idx.to(torch.int64) if cache_batch_idx is not None else \
             torch.arange(batch, device=k_new.device)
         index = (rows[:, None].expand(batch, seqlen_new), positions)
-    k_cache.index_put_(index, k_new)
-    v_cache.index_put_(index, v_new)
+    for cache, new in ((k_cache, k_new), (v_cache, v_new)):
+        if cache.dtype == torch.float8_e4m3fn:  # e4m3 values moved as their bytes
+            cache, new = cache.view(torch.uint8), new.view(torch.uint8)
+        cache.index_put_(index, new)
     return q_out
 
 

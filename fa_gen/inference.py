@@ -165,10 +165,12 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    seqused_k: torch.Tensor | None = None, num_splits: int | None = None, inputs=None,
-                   arch: str | None = None, pack_gqa: bool | None = None, checked: bool = False):
+                   arch: str | None = None, pack_gqa: bool | None = None, checked: bool = False, descales=None):
     """(out (total_q, hq, d_v), lse (hq, total_q)) of a packed batch; see the module docstring.
     `checked`: the caller (fa_gen.api.kvcache) built the sequence vectors itself and checked the
-    tensors' dtypes, shapes and devices; only the strides the kernels need are checked here."""
+    tensors' dtypes, shapes and devices; only the strides the kernels need are checked here.
+    An fp8 spec (e4m3 q, k, v; the split kinds only): `descales` (q, k, v) as fa_gen.fp8.descale_tensors
+    takes them, out in the spec's out_dtype."""
     if checked:
         for name, t in (("q", q), ("k", k), ("v", v)):
             _check_strides(name, t)
@@ -184,14 +186,15 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     shape = (max_seqlen_q, max_seqlen_k, heads_q, batch, group, q.device)
     # Key rows past seqused_k are slack a caller need not fill (NaN included): the split kinds
     # zero-fill them, while the sm90 whole-range kernel's TMA tiles would load them into P @ V.
-    if seqused_k is None and group == 1 and num_splits in (None, 0, 1):
+    if seqused_k is None and group == 1 and num_splits in (None, 0, 1) and not spec.is_fp8:
         # The whole-key-range kernel (the sm90 family's on Hopper), unless its tiles leave the GPU idle.
         whole = inference_kernel(spec, arch, "forward_varlen")
         if num_splits == 1 or _varlen_splits(whole, *shape) == 1:
             whole.function(q, k, v, out, lse, *sequences, *extra)
             return out, lse
     kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split", group))
-    return _run_split(kern, (q, k, v), out, lse, sequences, num_splits or _varlen_splits(kern, *shape), extra)
+    return _run_split(kern, (q, k, v), out, lse, sequences, num_splits or _varlen_splits(kern, *shape), extra,
+                      _descales(spec, descales, batch, k.shape[1], q.device))
 
 
 def forward_varlen_fp8(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -219,7 +222,7 @@ def forward_varlen_fp8(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, max_seqlen_q: int,
                   num_splits: int | None = None, inputs=None, arch: str | None = None,
-                  pack_gqa: bool | None = None):
+                  pack_gqa: bool | None = None, descales=None):
     """(out (total_q, hq, d_v), lse (hq, total_q)) of packed queries against a paged KV cache:
     k_cache/v_cache (num_pages, page_size, heads_kv, d), page_table (batch, max_pages) int32;
     sequence b attends its first seqused_k[b] keys, key r being slot r % page_size of page
@@ -238,7 +241,8 @@ def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     capacity = page_table.shape[1] * k_cache.shape[1]
     splits = num_splits or _varlen_splits(kern, max_seqlen_q, capacity, heads_q, batch, group, q.device,
                                           k_cache.shape[1] % (PAGE_RUN_TILES * kern.tile_n) == 0)
-    return _run_split(kern, (q, k_cache, v_cache), out, lse, sequences, splits, extra)
+    return _run_split(kern, (q, k_cache, v_cache), out, lse, sequences, splits, extra,
+                      _descales(spec, descales, batch, k_cache.shape[2], q.device))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -267,7 +271,7 @@ def _varlen_call(spec: Spec, q: torch.Tensor, heads_kv: int, kind: str, max_seql
     heads_q, total_q = q.shape[1], q.shape[0]
     group = gqa_pack(spec, arch, kind, heads_q // heads_kv, max_seqlen_q, pack_gqa)
     extra = _varlen_extra_arguments(spec, q, heads_q, inputs)
-    out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
+    out = torch.empty((total_q, heads_q, spec.head_dim_v), dtype=_TORCH_DTYPES[spec.output_dtype], device=q.device)
     lse = torch.empty((heads_q, total_q), dtype=torch.float32, device=q.device)
     return arch, group, extra, out, lse
 
@@ -292,13 +296,23 @@ def _varlen_splits(kern: InferenceKernel, max_seqlen_q: int, max_seqlen_k: int, 
                           _saturating_ctas(index) if streams_whole else None)
 
 
+def _descales(spec: Spec, descales, batch: int, heads_kv: int, device) -> list:
+    """The fp8 kinds' descale arguments (fa_gen.fp8.descale_tensors; None: every factor 1); none
+    for a 16-bit spec, which takes no descales."""
+    if not spec.is_fp8:
+        if descales is not None and any(d is not None for d in descales):
+            raise InputError(f"descales go with an fp8 spec; spec {spec.name!r} is {spec.dtype.value}")
+        return []
+    return fp8.descale_tensors(descales, batch, heads_kv, device)
+
+
 def _run_split(kern: InferenceKernel, qkv: tuple, out: torch.Tensor, lse: torch.Tensor, sequences: tuple,
-               splits: int, extra: list):
+               splits: int, extra: list, descales: list = ()):
     """Launch a varlen split kind into out (total_q, hq, d_v) / lse (hq, total_q), then merge its
     partials (none with one split: the kernel writes out and lse itself)."""
     total_q, heads_q, head_dim_v = out.shape
     o_partial, lse_partial = _partials(splits, total_q, heads_q, head_dim_v, out.device)
-    kern.function(*qkv, out, lse, *sequences, o_partial, lse_partial, splits, *extra)
+    kern.function(*qkv, out, lse, *sequences, o_partial, lse_partial, splits, *descales, *extra)
     if splits > 1:
         _combine()(o_partial, lse_partial, out, lse, arch=kern.arch)
     return out, lse

@@ -361,11 +361,12 @@ class _FakeKvcache:
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, spec, k_new=None, v_new=None, page_table=None,
                  cache_batch_idx=None, num_splits=0, pack_gqa=None, inputs=None, rotary_cos=None, rotary_sin=None,
-                 rotary_interleaved=True, cache_leftpad=None):
+                 rotary_interleaved=True, cache_leftpad=None, q_descale=None, k_descale=None, v_descale=None):
         self.calls.append(dict(cache_seqlens=cache_seqlens, spec=spec, k_new=k_new, v_new=v_new,
                                page_table=page_table, cache_batch_idx=cache_batch_idx, num_splits=num_splits,
                                pack_gqa=pack_gqa, inputs=inputs, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                               rotary_interleaved=rotary_interleaved, cache_leftpad=cache_leftpad))
+                               rotary_interleaved=rotary_interleaved, cache_leftpad=cache_leftpad,
+                               descales=(q_descale, k_descale, v_descale)))
         return torch.zeros_like(q), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
 
@@ -396,6 +397,16 @@ def test_kvcache_arguments_map_onto_attention_with_kvcache(fake_kvcache):
     call = fake_kvcache.calls[-1]
     assert call["rotary_cos"] is cos and call["rotary_sin"] is sin and call["rotary_interleaved"] is False
     assert call["cache_leftpad"].dtype == torch.int32 and call["cache_leftpad"].tolist() == [1, 0, 2]
+
+
+def test_kvcache_fp8_takes_descales(fake_kvcache):
+    fp8 = torch.float8_e4m3fn
+    q, cache = torch.randn(2, 1, 8, 128).to(fp8), torch.zeros(2, 64, 2, 128).to(fp8)
+    scale = torch.full((2, 2), 0.5)
+    fa_gen.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=3, k_descale=scale, v_descale=0.25)
+    call = fake_kvcache.calls[-1]
+    assert call["spec"].is_fp8 and call["descales"][0] is None
+    assert call["descales"][1] is scale and call["descales"][2] == 0.25
 
 
 def test_kvcache_int_and_missing_lengths_and_block_table(fake_kvcache):

@@ -336,3 +336,48 @@ def test_rotary_and_leftpad_match_reference(arch, interleaved, layout, spec_inde
             failures.append(f"sequence {b} {result}")
     assert _same(case.k_cache, expected_k) and _same(case.v_cache, expected_v), "the append wrote wrong slots"
     assert not failures, f"{layout}, interleaved {interleaved}: " + "; ".join(failures)
+
+
+FP8_SPECS = [resolve_spec("fp8_e4m3_d128"),
+             load_spec({"name": "kv_fp8_causal_fp16", "dtype": "fp8_e4m3", "out_dtype": "fp16", "head_dim": 128,
+                        "mask": "causal"})]
+
+
+def _fp8_bytes_into(cache8, where, rows8):
+    cache8.view(torch.uint8)[where] = rows8.view(torch.uint8)
+
+
+@pytest.mark.parametrize("page_size", [None, 1, 16, 48, 64, 256])
+@pytest.mark.parametrize("spec_index", [0, 1])
+def test_fp8_kvcache_matches_reference_per_sequence(page_size, spec_index):
+    """e4m3 q, caches and new tokens with per-(sequence, kv head) descales (templates/common/
+    fp8_staging.j2): every sequence against the float64 reference of its dequantised keys, within
+    twice the fp8 yardstick's error (tests/test_gpu_fp8.py); the caches hold the appended bytes."""
+    from fa_gen.fp8 import E4M3
+    from tests.test_gpu_fp8 import _judge
+
+    spec = FP8_SPECS[spec_index]
+    g = torch.Generator(device="cuda").manual_seed(7919 * spec_index + (page_size or 0))
+    lengths, seqlen_q, seqlen_new, heads = [0, 1, 77, 300, 1500], 3, 2, (16, 4)
+    shadow = load_spec({"name": f"shadow_{spec.name}", "dtype": "bf16", "head_dim": 128, "mask": spec.mask.value})
+    case = Case(shadow, lengths, seqlen_q, seqlen_new, heads, g, page_size=page_size)
+    to8 = lambda x: (x.float() * 3).to(E4M3)  # noqa: E731
+    q8, keys8, values8 = to8(case.q), [to8(k) for k in case.keys], [to8(v) for v in case.values]
+    k_cache8, v_cache8 = (torch.full(c.shape, math.nan, device="cuda").to(E4M3) for c in (case.k_cache, case.v_cache))
+    for b, n in enumerate(lengths):
+        where = case._slots(b, 0, n)
+        _fp8_bytes_into(k_cache8, where, keys8[b][:n])
+        _fp8_bytes_into(v_cache8, where, values8[b][:n])
+    k_new8 = torch.stack([k[n:] for k, n in zip(keys8, lengths)])
+    v_new8 = torch.stack([v[n:] for v, n in zip(values8, lengths)])
+    descales = tuple(torch.rand(len(lengths), heads[1], generator=g, device="cuda") * 0.02 + 0.005 for _ in range(3))
+    out, lse = fa_gen.attention_with_kvcache(q8, k_cache8, v_cache8, case.cache_seqlens, spec, k_new=k_new8,
+                                             v_new=v_new8, page_table=case.page_table,
+                                             cache_batch_idx=case.cache_batch_idx, q_descale=descales[0],
+                                             k_descale=descales[1], v_descale=descales[2])
+    for b, n in enumerate(lengths):
+        _judge(spec, out[b:b + 1], lse[b:b + 1], q8[b:b + 1], keys8[b][None], values8[b][None],
+               tuple(d[b:b + 1] for d in descales))
+        where = case._slots(b, n, n + seqlen_new)
+        assert torch.equal(k_cache8.view(torch.uint8)[where], k_new8[b].view(torch.uint8)), f"sequence {b}'s keys"
+        assert torch.equal(v_cache8.view(torch.uint8)[where], v_new8[b].view(torch.uint8)), f"sequence {b}'s values"

@@ -154,6 +154,36 @@ def test_inference_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
     compile_to_object(text, arch, tmp_path / f"{kind}.o", label=f"{name} {kind}")
 
 
+@pytest.mark.parametrize("kind", ["forward_varlen_split_pack4", "forward_varlen_split_paged_tiles_pack4",
+                                  "forward_varlen_split_paged_groups_pack4", "forward_varlen_split_paged_pack8",
+                                  "forward_varlen_split"])
+def test_fp8_kvcache_kinds_compile(tmp_path, monkeypatch, kind):
+    """e4m3 inputs staged and converted to fp16 in shared memory (templates/common/fp8_staging.j2)."""
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    text = render(resolve_spec("fp8_e4m3_d128"), "sm_90a", "sm80", kind=kind).text
+    assert "IN_DTYPE = cutlass.Float8E4M3FN" in text and "OUT_DTYPE = cutlass.BFloat16" in text
+    assert "read_staged(ops.tKsK8[None, None, None, 2 * stage])" in text
+    compile_to_object(text, "sm_90a", tmp_path / f"{kind}.o", label=f"fp8 {kind}")
+
+
+def test_fp8_specs_take_the_kvcache_kinds_only():
+    from fa_gen.families.sm80 import FP8_KINDS
+    from fa_gen.target import resolve_target
+
+    spec = resolve_spec("fp8_e4m3_d128")
+    assert resolve_target(spec, "sm_90a", "forward").family.name == "sm90"
+    assert resolve_target(spec, "sm_90a", "forward_varlen_split_pack4").family.name == "sm80"
+    for kind in ("forward", "forward_split_pack4", "backward_varlen", "forward_dropout"):
+        with pytest.raises(UnsupportedError):
+            resolve_target(spec, "sm_90a", kind, family="sm80")
+    assert resolve_target(spec, "sm_90a", "forward_varlen_split_paged_groups_pack4").family.name == "sm80"
+    with pytest.raises(UnsupportedError, match="dtype fp8_e4m3"):
+        resolve_target(spec, "sm_89", "forward_varlen_split_pack4", family="sm80")
+    assert "forward_varlen_split_paged_tiles_pack8" in FP8_KINDS and "forward_split" not in FP8_KINDS
+
+
 def test_varlen_backward_input_errors():
     from fa_gen.varlen_backward import backward_varlen
 

@@ -303,13 +303,34 @@ def test_the_kvcache_path_checks_strides_only_once_its_own_checks_ran(monkeypatc
         forward_varlen(resolve_spec(SPEC), q, k, k, cu, cu, 1, 40, cu[1:], arch="sm_90a")
 
 
-def test_an_fp8_spec_is_refused_before_the_append():
-    """No fp8 split or paged kind exists: the call says so before it writes into the cache."""
+def test_fp8_refuses_rotary_before_the_append():
+    """The append rotates 16-bit keys only: an fp8 call with rotary tables leaves the cache as it was."""
     from fa_gen.errors import UnsupportedError
 
     fp8 = torch.float8_e4m3fn
     q, cache = torch.zeros(2, 1, 8, 128).to(fp8), torch.zeros(2, 64, 2, 128).to(fp8)
     new = torch.ones(2, 1, 2, 128).to(fp8)
-    with pytest.raises(UnsupportedError, match="fp8 spec 'fp8_e4m3_d128' in attention_with_kvcache"):
-        fa_gen.attention_with_kvcache(q, cache, cache, 3, "fp8_e4m3_d128", k_new=new, v_new=new)
+    table = torch.ones(64, 16)
+    with pytest.raises(UnsupportedError, match="rotary tables with fp8 spec 'fp8_e4m3_d128'"):
+        fa_gen.attention_with_kvcache(q, cache, cache, 3, "fp8_e4m3_d128", k_new=new, v_new=new,
+                                      rotary_cos=table, rotary_sin=table)
     assert not cache.float().any()
+
+
+def test_descales_need_an_fp8_spec():
+    q, cache = torch.zeros(2, 1, 8, 128, dtype=torch.bfloat16), torch.zeros(2, 64, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="go with an fp8 spec"):
+        fa_gen.attention_with_kvcache(q, cache, cache, 3, "full_bf16_d128", k_descale=0.5)
+
+
+def test_fp8_appends_move_bytes():
+    """The append's PyTorch path writes e4m3 values (as bytes) at each sequence's position."""
+    from fa_gen.append import _append_torch
+
+    fp8 = torch.float8_e4m3fn
+    cache = torch.zeros(2, 8, 2, 16).to(fp8)
+    new = (torch.arange(2 * 3 * 2 * 16, dtype=torch.float32).view(2, 3, 2, 16) / 64 - 1).to(fp8)
+    _append_torch(cache, cache, new, new, torch.tensor([1, 4], dtype=torch.int32), None, None)
+    assert torch.equal(cache[0, 1:4].view(torch.uint8), new[0].view(torch.uint8))
+    assert torch.equal(cache[1, 4:7].view(torch.uint8), new[1].view(torch.uint8))
+    assert not cache[0, 4:].float().any() and not cache[1, :4].float().any()

@@ -190,14 +190,15 @@ def _unpacked(packed, parts: int, name: str, layout: str):
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention's flash_attn_with_kvcache over fa_gen.attention_with_kvcache: q (batch, seqlen_q,
     heads, d); k_cache/v_cache (batch_cache, seqlen_cache, heads_kv, d), or (num_blocks, page_size,
     heads_kv, d) with block_table (batch, max_blocks) int32; k/v new tokens appended in place at
     cache_seqlens (int or (batch,) int32); rotary_cos/rotary_sin rotate q and the new keys (fused
     into the append, FlashAttention's positions); cache_leftpad starts sequences past slot 0 of a
-    contiguous cache. Forward only, as FlashAttention's."""
-    _refuse_fp8(q, "flash_attn_with_kvcache")
+    contiguous cache. Forward only, as FlashAttention's. float8_e4m3fn q, caches and k/v (Hopper) take
+    FlashAttention-3's q/k/v_descale, (batch, heads_kv) float32, and give a bf16 out."""
     if (k is None) != (v is None):
         raise InputError("flash_attn_with_kvcache: pass k and v together (new tokens to append), or neither")
     _check_qkv(q, k_cache, v_cache, "(batch, seqlen, heads, head_dim)")
@@ -208,7 +209,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                  page_table=block_table, cache_batch_idx=cache_batch_idx,
                                  num_splits=int(num_splits), pack_gqa=None, inputs=inputs, rotary_cos=rotary_cos,
                                  rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
-                                 cache_leftpad=_int32(cache_leftpad) if cache_leftpad is not None else None)
+                                 cache_leftpad=_int32(cache_leftpad) if cache_leftpad is not None else None,
+                                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     out, lse = result if isinstance(result, tuple) else (result, None)
     return (out, lse) if return_softmax_lse else out
 

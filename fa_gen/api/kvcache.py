@@ -34,7 +34,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            cache_batch_idx: torch.Tensor | None = None, num_splits: int = 0,
                            pack_gqa: bool | None = None, inputs=None, rotary_cos: torch.Tensor | None = None,
                            rotary_sin: torch.Tensor | None = None, rotary_interleaved: bool = True,
-                           cache_leftpad: torch.Tensor | None = None):
+                           cache_leftpad: torch.Tensor | None = None, q_descale=None, k_descale=None,
+                           v_descale=None):
     """Attention of q against a KV cache, after writing k_new/v_new into it: `out, lse` (or
     `out` when the spec has return_lse false). Forward only (inference): no autograd graph is
     recorded (torch.no_grad semantics) and no gradient flows to any argument.
@@ -68,6 +69,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         before it are not attended; default 0). cache_seqlens and positions stay cache slots:
         sequence b attends slots cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1, masks
         and ALiBi count from cache_leftpad[b]. Not with page_table (as in FlashAttention).
+    q_descale, k_descale, v_descale: an fp8 spec's factors (FlashAttention-3's): q, the caches and
+        k_new / v_new are then float8_e4m3fn, each value standing for value * its descale; each a
+        float or a (batch, heads_kv) float32 tensor (default 1). out is in the spec's out_dtype.
+        Not with rotary tables.
 
     Queries align with the end of their sequence's keys as the spec's mask says (bottom-right by
     default: query i of seqlen_q sees keys up to cache_seqlens + seqlen_new - seqlen_q + i), so
@@ -77,7 +82,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # A name or path is parsed once per process (spec_key memoises it), not once per decode step.
     spec = spec if isinstance(spec, Spec) else spec_from_key(spec_key(spec))
     with torch.no_grad():
-        extras = _Extras(rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad)
+        extras = _Extras(rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad, (q_descale, k_descale, v_descale))
         out, lse = _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx,
                            int(num_splits), pack_gqa, inputs, extras)
     return (out, lse) if spec.return_lse else out
@@ -91,6 +96,7 @@ class _Extras:
     rotary_sin: torch.Tensor | None = None
     rotary_interleaved: bool = True
     cache_leftpad: torch.Tensor | None = None
+    descales: tuple = (None, None, None)   # an fp8 spec's (q, k, v) descales
 
 
 def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, cache_batch_idx, num_splits,
@@ -125,15 +131,15 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
     packed_q = q.reshape(batch * seqlen_q, heads_q, q.shape[-1])
     if page_table is not None:
         out, lse = forward_paged(spec, packed_q, k_cache, v_cache, page_table, cu_q, seqused, seqlen_q,
-                                 num_splits or None, inputs, arch, pack_gqa=pack_gqa)
+                                 num_splits or None, inputs, arch, pack_gqa=pack_gqa, descales=extras.descales)
     else:
         out, lse = _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q, cache_batch_idx,
-                                      num_splits, inputs, pack_gqa, extras.cache_leftpad, arch)
+                                      num_splits, inputs, pack_gqa, extras.cache_leftpad, arch, extras.descales)
     return out.view(batch, seqlen_q, heads_q, -1), lse.view(heads_q, batch, seqlen_q).permute(1, 0, 2)
 
 
 def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q, cache_batch_idx, num_splits,
-                       inputs, pack_gqa, leftpad=None, arch=None):
+                       inputs, pack_gqa, leftpad=None, arch=None, descales=None):
     """A contiguous cache as one packed key tensor: sequence b's keys start at row
     cache_batch_idx[b] * seqlen_cache (cu_seqlens_k's last entry is never read: seqused_k is set),
     plus cache_leftpad[b] (`leftpad`), its length then seqused[b] - cache_leftpad[b].
@@ -154,7 +160,7 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     # Checked above (_check_call, _check_devices) and the sequence vectors made here: forward_varlen
     # checks only the strides.
     return forward_varlen(spec, packed_q, k, v, cu_q, cu_k, seqlen_q, seqlen_cache, seqused, num_splits or None,
-                          inputs, arch, pack_gqa=pack_gqa, checked=True)
+                          inputs, arch, pack_gqa=pack_gqa, checked=True, descales=descales)
 
 
 def uniform_offsets(batch: int, length: int, device: torch.device) -> torch.Tensor:
@@ -224,6 +230,12 @@ def _check_extras(spec: Spec, q, k_new, page_table, extras: _Extras) -> None:
     """The rotary tables (both or neither, with k_new; (seqlen_ro, rotary_dim / 2) of q's dtype,
     rotary_dim a multiple of 16 up to the head dim) and cache_leftpad ((batch,) int32, not paged)."""
     cos, sin = extras.rotary_cos, extras.rotary_sin
+    if cos is not None and spec.is_fp8:  # refused before the append: the cache is left as it was
+        raise UnsupportedError(f"rotary tables with fp8 spec {spec.name!r}", [
+            "the append kernel rotates 16-bit keys; rotate before quantizing to e4m3"])
+    if not spec.is_fp8 and any(d is not None for d in extras.descales):
+        raise InputError(f"q_descale / k_descale / v_descale go with an fp8 spec; spec {spec.name!r} is "
+                         f"{spec.dtype.value}")
     if (cos is None) != (sin is None):
         raise InputError("rotary_cos and rotary_sin go together: pass both or neither")
     if cos is not None:
@@ -256,10 +268,6 @@ def _check_call(spec: Spec, q, k_cache, v_cache, k_new, v_new, page_table, cache
     """Shapes, dtypes and devices of the call's tensors (the kernels' own checks follow)."""
     if (k_new is None) != (v_new is None):
         raise InputError("k_new and v_new go together: pass both or neither")
-    if spec.is_fp8:  # refused before the append: the cache is left as it was
-        raise UnsupportedError(f"fp8 spec {spec.name!r} in attention_with_kvcache", [
-            "the KV-cache call has no fp8 kernels yet (its split-KV and paged kinds are 16-bit); an fp8 "
-            "prefill or packed batch goes through fa_gen.attention_fp8 / fa_gen.attention_fp8_varlen"])
     dtype = _TORCH_DTYPES[spec.dtype]
     named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     if k_new is not None:

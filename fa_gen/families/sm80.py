@@ -52,6 +52,14 @@ INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": 
                    **{f"forward_varlen_split_paged_groups_pack{g}": CallKind(True, True, g, True, "group")
                       for g in GQA_PACKS}}
 
+# e4m3 inputs (an fp8 spec): the KV-cache call's kinds only, the varlen split ones, contiguous or
+# paged (templates/common/fp8_staging.j2: e4m3 tiles staged in shared memory and converted to
+# fp16 by the threads that copied them; the MMAs run in fp16), on Hopper beside the sm90
+# family's fp8 forward. (The conversion needs sm_89 or later; on Ada and Blackwell this family
+# would be an fp8 spec's only one and serve none of its fixed-length calls, so it stays off there.)
+FP8_KINDS = tuple(kind for kind, call in INFERENCE_KINDS.items() if call.varlen and call.split)
+FP8_ARCHS = frozenset({"sm_90a"})
+
 # Attention dropout (templates/common/dropout.j2): the fixed-length and varlen forwards and
 # backwards with the Philox mask, rendered on demand (p, seed and offset are runtime values).
 DROPOUT_KINDS = {"forward_dropout": "forward.py.j2", "backward_dropout": "backward.py.j2",
@@ -164,19 +172,27 @@ class Sm80Family(Family):
         return [(older, "L1 on H100 and H200 (sm_90a, family=\"sm80\"); the other archs: the same templates, compiled"),
                 (BLACKWELL_ARCHS, "compiled only (CI builds a shipped spec for each); no Blackwell GPU here")]
 
+    def kernel_files(self, spec: Spec | None = None) -> dict[str, tuple[str, str]]:
+        """No fixed-length kernel for an fp8 spec: only its KV-cache kinds (call_kinds)."""
+        return {} if spec is not None and spec.is_fp8 else super().kernel_files(spec)
+
     def call_kinds(self, spec: Spec) -> dict[str, tuple[str, str]]:
         """Varlen and split-KV forwards (templates/common/seqlen.j2, splitkv.j2) and the varlen
         backward, for every spec. A mask expression's key tiles are listed per call from fixed
         shapes; these kinds list none and apply the element mask to every tile they visit
-        (`listed` false). A sink logit enters split 0's partial only."""
+        (`listed` false). A sink logit enters split 0's partial only. An fp8 spec: FP8_KINDS."""
         packable = gqa_packable(spec)
         kinds = {kind: (self.forward_template, f"{kind}.py") for kind, call in INFERENCE_KINDS.items()
                  if call.pack == 1 or packable}
+        if spec.is_fp8:
+            return {kind: files for kind, files in kinds.items() if kind in FP8_KINDS}
         dropout = {kind: (template, f"{kind}.py") for kind, template in DROPOUT_KINDS.items()}
         shifted = {} if position_reasons(spec) else {kind: (t, f"{kind}.py") for kind, t in SHIFTED_KINDS.items()}
         return {**kinds, **dropout, **shifted, "backward_varlen": ("backward.py.j2", "backward_varlen.py")}
 
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
+        if spec.is_fp8 and kind not in FP8_KINDS:
+            return ["fp8 inputs: the KV-cache kinds only (attention_with_kvcache), forward_varlen_split*"]
         return position_reasons(spec) if kind in SHIFTED_KINDS else []
 
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
@@ -225,7 +241,10 @@ class Sm80Family(Family):
 
     def spec_reasons(self, spec: Spec, arch: str) -> list[str]:
         dims = _head_dim_reasons(spec)
-        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16), None) + dims
+        fp8 = (DType.FP8_E4M3,) if arch in FP8_ARCHS else ()
+        reasons = dtype_and_head_dim_reasons(spec, (DType.FP16, DType.BF16, *fp8), None) + dims
+        if spec.is_fp8 and (spec.head_dim_qk % 16 or spec.head_dim_v % 16):
+            reasons.append(f"fp8 head dims must each be a multiple of 16 (qk {spec.head_dim_qk}, v {spec.head_dim_v})")
         # Tile checks only mean something for a head dim the kernel takes.
         if not dims and spec.tuning_for(self.name):
             reasons.extend(_tile_reasons(tile_config(spec, arch), spec, arch))
@@ -241,7 +260,10 @@ class Sm80Family(Family):
         assert not problems, problems  # can_implement refuses these first
         return {
             "tile": asdict(cfg),
+            # The MMAs' dtype; e4m3 inputs are converted to fp16 (exactly) in shared memory.
             "dtype_name": "BFloat16" if spec.dtype is DType.BF16 else "Float16",
+            "fp8": spec.is_fp8,
+            "out_dtype_name": "BFloat16" if spec.output_dtype is DType.BF16 else "Float16",
             "softmax_scale_log2": spec.softmax_scale_log2,
             # Swizzle atoms span 64 columns (128 B) where both (padded) head dims allow, else 32
             # (64 B): K and V tiles then share one thread-to-row copy mapping (paged loads need it).

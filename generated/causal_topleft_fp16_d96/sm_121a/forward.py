@@ -162,9 +162,9 @@ class FlashAttentionForward:
             sK_layout,
             sV_layout,
             sO_layout,
-            self._gmem_copy(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), SMEM_ATOM_COLS_QK),
-            self._gmem_copy(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), SMEM_ATOM_COLS_V),
-            self._gmem_copy(cute.nvgpu.CopyUniversalOp(), SMEM_ATOM_COLS_V),
+            self._gmem_copy(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), DTYPE, SMEM_ATOM_COLS_QK),
+            self._gmem_copy(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), DTYPE, SMEM_ATOM_COLS_V),
+            self._gmem_copy(cute.nvgpu.CopyUniversalOp(), DTYPE, SMEM_ATOM_COLS_V),
             tiled_mma,
             SharedStorage,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
@@ -176,10 +176,11 @@ class FlashAttentionForward:
             cute.make_swizzle(swizzle_bits, 3, 3), 0, cute.make_layout((8, cols), stride=(cols, 1))
         )
 
-    def _gmem_copy(self, op, cols: int):
-        """Thread layout for 128-bit global accesses: one swizzle-atom row per `cols / 8` threads."""
+    def _gmem_copy(self, op, dtype, cols: int):
+        """Thread layout for global accesses of VECTOR_ELEMS elements (128 bits of 16-bit ones):
+        one swizzle-atom row per `cols / 8` threads."""
         threads_per_row = cols // VECTOR_ELEMS
-        atom = cute.make_copy_atom(op, DTYPE, num_bits_per_copy=VECTOR_ELEMS * DTYPE.width)
+        atom = cute.make_copy_atom(op, dtype, num_bits_per_copy=VECTOR_ELEMS * dtype.width)
         thread_layout = cute.make_layout(
             (self.num_threads // threads_per_row, threads_per_row), stride=(threads_per_row, 1)
         )
