@@ -301,6 +301,23 @@ def fa_gen_split(spec, q, k, v):
                       call=f"fa_gen.inference.forward_split({_spec_label(spec)!r}, q, k, v)")
 
 
+def fa_gen_fp8(cell, q, k, v):
+    """The KV-cache call on e4m3 copies of q, k, v (descales 1; branch wip/fp8-kvcache). GB/s still
+    counts the cell's 16-bit K/V bytes, so this row reads half the bytes it is credited with: its
+    ratio to the 16-bit rows is the decode speed-up fp8 caches give. Its check compares with the
+    16-bit inputs' reference, so it includes e4m3's rounding of the inputs."""
+    import fa_gen
+    from fa_gen.fp8 import E4M3
+
+    if cell.head_dim != 128:
+        raise Unavailable("the shipped fp8 spec is d128")
+    q8, k8, v8 = (x.to(E4M3) for x in (q, k, v))
+    lengths = torch.full((cell.batch,), cell.seqlen_k, dtype=torch.int32, device=q.device)
+    return _with_meta(lambda: fa_gen.attention_with_kvcache(q8, k8, v8, lengths, "fp8_e4m3_d128")[0],
+                      call="fa_gen.attention_with_kvcache(q8, k8, v8, seqlens, 'fp8_e4m3_d128')",
+                      reads_bytes="half of kv_bytes (e4m3)")
+
+
 def _fa4_defaults(function) -> dict:
     """The defaults of FA4's options that decide decode performance, as this install has them."""
     parameters = inspect.signature(function).parameters
@@ -352,6 +369,8 @@ DECODE_IMPLS = {
     "fa_gen_attention": lambda cell, q, k, v: fa_gen_attention(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v),
     "fa_gen_raw": lambda cell, q, k, v: fa_gen_raw(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v),
     "fa_gen_split": lambda cell, q, k, v: fa_gen_split(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v),
+    # Not run by default: e4m3 K/V (its GB/s counts 16-bit bytes; see fa_gen_fp8).
+    "fa_gen_fp8": fa_gen_fp8,
     "fa4": lambda cell, q, k, v: fa4_decode(q, k, v),
     "sdpa_cudnn": lambda cell, q, k, v: sdpa("CUDNN_ATTENTION", q, k, v),
     "sdpa_flash": lambda cell, q, k, v: sdpa("FLASH_ATTENTION", q, k, v),
