@@ -302,7 +302,7 @@ def fa_gen_split(spec, q, k, v):
 
 
 def fa_gen_fp8(cell, q, k, v):
-    """The KV-cache call on e4m3 copies of q, k, v (descales 1; branch wip/fp8-kvcache). GB/s still
+    """The KV-cache call on e4m3 copies of q, k, v (descales 1). GB/s still
     counts the cell's 16-bit K/V bytes, so this row reads half the bytes it is credited with: its
     ratio to the 16-bit rows is the decode speed-up fp8 caches give. Its check compares with the
     16-bit inputs' reference, so it includes e4m3's rounding of the inputs."""
@@ -572,17 +572,24 @@ def _ratio(x: float | None) -> str:
 
 
 def decode_table(cells: list[dict], copy: dict, anchors: list[str]) -> str:
+    fp8 = any(r["impl"] == "fa_gen_fp8" for cell in cells for r in cell["results"])
+    extra = " fp8 K/V (16-bit GB/s equivalent) | fp8 / fa_gen |" if fp8 else ""
     lines = [f"decode, GB/s of K+V read; D2D copy {copy['gbps']:.0f} GB/s (read + write)",
-             "| cell | fa_gen | " + " | ".join(anchors) + " | fa_gen/best anchor | fa_gen/copy |",
-             "|---" * (len(anchors) + 4) + "|"]
+             "| cell | fa_gen | " + " | ".join(anchors) + " | fa_gen/best anchor | fa_gen/copy |" + extra,
+             "|---" * (len(anchors) + 4 + 2 * fp8) + "|"]
     for cell in cells:
         by = {r["impl"]: r for r in cell["results"]}
+        if fp8:
+            fp8_gbps = by.get("fa_gen_fp8", {}).get("gbps")
+            speedup = fp8_gbps / cell["fa_gen"]["gbps"] if fp8_gbps and cell["fa_gen"] else None
+            extra = f" {_value(by.get('fa_gen_fp8'), 'gbps')} | {_ratio(speedup)} |"
         fa_gen = cell["fa_gen"]
         fa_gen_text = (f"{_value(by[fa_gen['impl']], 'gbps')} ({fa_gen['impl'].removeprefix('fa_gen_')})"
                        if fa_gen else "ERR")
         best = f" ({cell['best_anchor']})" if cell["best_anchor"] else ""
         lines.append(f"| {cell['name']} | {fa_gen_text} | " + " | ".join(_value(by.get(a), "gbps") for a in anchors)
-                     + f" | {_ratio(cell['fa_gen_over_best_anchor'])}{best} | {_ratio(cell['fa_gen_over_copy'])} |")
+                     + f" | {_ratio(cell['fa_gen_over_best_anchor'])}{best} | {_ratio(cell['fa_gen_over_copy'])} |"
+                     + extra)
     return "\n".join(lines)
 
 

@@ -60,10 +60,15 @@ def test_varlen_splits_saturate_where_keys_stream_whole(monkeypatch):
 
     monkeypatch.setattr(inference, "_num_sms", lambda index: 132)
     monkeypatch.setattr(inference, "_saturating_ctas", lambda index: 1)
-    kern = inference.InferenceKernel(None, "sm_90a", "sm80", "forward_varlen_split_pack4", None, 64, 64, 2)
+    kern = inference.InferenceKernel(resolve_spec("full_bf16_d128"), "sm_90a", "sm80", "forward_varlen_split_pack4",
+                                     None, 64, 64, 2)
     device = torch.device("cpu")
     # Decode b1 sk128k, 32 query heads on 8 KV heads, packed by 4: 8 tiles.
     assert inference._varlen_splits(kern, 1, 131072, 32, 1, 4, device) == 16
+    # e4m3 tiles carry half the bytes: twice the saturating CTAs (within the resident ones).
+    fp8 = inference.InferenceKernel(resolve_spec("fp8_e4m3_d128"), "sm_90a", "sm80", "forward_varlen_split_pack4",
+                                    None, 16, 64, 3)
+    assert inference._varlen_splits(fp8, 1, 131072, 32, 1, 4, device) == 32
     assert inference._varlen_splits(kern, 1, 131072, 32, 1, 4, device, streams_whole=False) == 32
 
 
@@ -76,6 +81,19 @@ def test_split_kinds_count_their_registers():
     assert narrow.blocks_per_sm(64, 64, smem, 168) == 6  # by registers and by shared memory
     assert narrow.blocks_per_sm(64, 64, smem) == 4  # at the 255 cap
     assert split_tile_config(d128, "sm_90a").blocks_per_sm(128, 128, smem, 168) == 2  # by shared memory
+
+
+def test_fp8_split_tiles_shrink_to_the_packed_rows():
+    """e4m3 K/V: 16-row tiles on one warp up to 16 packed heads, then 32 rows on two (the 16-bit
+    tiles' idle rows of MMA and conversion work bound the step); 16-bit tiles stay 64 rows."""
+    from fa_gen.families.sm80 import split_tile_config
+    fp8, bf16 = resolve_spec("fp8_e4m3_d128"), resolve_spec("full_bf16_d128")
+    assert [(c.tile_m, c.num_warps) for c in (split_tile_config(fp8, "sm_90a", p) for p in (1, 4, 16, 32, 64))] == \
+        [(16, 1)] * 3 + [(32, 2)] * 2
+    assert split_tile_config(bf16, "sm_90a", 4).tile_m == 64
+    from fa_gen.families.sm80 import Sm80Family
+    context = Sm80Family().kind_context(fp8, "sm_90a", "forward_varlen_split_paged_groups_pack4")
+    assert (context["tile"]["tile_m"], context["page_group_rows"]) == (16, 16)
 
 
 def test_packing_rules():
@@ -156,7 +174,7 @@ def test_inference_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
 
 @pytest.mark.parametrize("kind", ["forward_varlen_split_pack4", "forward_varlen_split_paged_tiles_pack4",
                                   "forward_varlen_split_paged_groups_pack4", "forward_varlen_split_paged_pack8",
-                                  "forward_varlen_split"])
+                                  "forward_varlen_split", "forward_varlen_split_paged_groups_pack32"])
 def test_fp8_kvcache_kinds_compile(tmp_path, monkeypatch, kind):
     """e4m3 inputs staged and converted to fp16 in shared memory (templates/common/fp8_staging.j2)."""
     from fa_gen.backends.cute_dsl import compile_to_object

@@ -207,7 +207,7 @@ class Sm80Family(Family):
             call = INFERENCE_KINDS[kind]
             context = {**call._asdict(), **_unlisted(expression_context(spec))}
             if call.split:
-                cfg = split_tile_config(spec, arch)
+                cfg = split_tile_config(spec, arch, call.pack)
                 smem = arch_info(arch).max_smem_per_block
                 context["tile"] = asdict(cfg)
                 # What the split count aims to fill (fa_gen.inference.num_splits_for).
@@ -289,7 +289,7 @@ class Sm80Family(Family):
         }
 
 
-def split_tile_config(spec: Spec, arch: str) -> TileConfig:
+def split_tile_config(spec: Spec, arch: str, pack: int = 1) -> TileConfig:
     """Tiles of the split-KV forward, made for few query rows (decode) against many keys: 64 rows
     over 4 warps (a 128-row tile would multiply the wasted MMA work of one query by 2). H200,
     decode (seqlen_q 1, bf16 and fp16, d 64 and 128, GQA packed): 64-key tiles read 0-4% faster
@@ -298,9 +298,18 @@ def split_tile_config(spec: Spec, arch: str) -> TileConfig:
     six CTAs per SM instead of three keep twice the K/V bytes in flight. H100, b64 sk8k h32/8
     d64, A/B in one call: 2.91 TB/s against 2.80 (cuDNN 2.92); 16x64 on one warp 2.94, 32x128
     2.80; d128 cells unchanged by 32-row tiles (bench/results/logs/2026-11-26-882ac40-s12c1..3).
+    fp8 (e4m3) K/V, which the copying threads convert to fp16 (templates/common/fp8_staging.j2):
+    16 rows on one warp up to 16 packed heads, else 32 rows on two, where the 16-bit tiles'
+    unused rows of MMA work and conversion would bound the step. H100, decode d128, GB/s
+    counted in 16-bit bytes (bench/fp8_decode_sweep.py, 2026-11-27, logs s21/c3), 64x64 /
+    32x64 / 16x64 at the heuristic's splits: b64 sk8k h32/8 3490 / 4605 / 5070, b8 sk32k
+    3068 / 4767 / 4880, b1 sk128k 3233 / 4637 / 4611, b128 sk2k h64/8 3413 / 4553 / 4682,
+    MQA b32 sk16k 3033 / 4147 / 2292 (bf16 on the same cells 3057, 3068, 3029, 2983, 2803).
     Falls back to the forward's tiles when none fits."""
     widest = max(padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v))
     narrow = (TileConfig(32, 64, 2, 2),) if widest <= 64 else ()
+    if spec.is_fp8:
+        narrow = (TileConfig(16, 64, 1, 2),) * (pack <= 16) + (TileConfig(32, 64, 2, 2),)
     for cfg in (*narrow, TileConfig(64, 64, 4, 2), TileConfig(64, 128, 4, 2)):
         if not _tile_reasons(cfg, spec, arch):
             return cfg
