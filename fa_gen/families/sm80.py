@@ -358,7 +358,9 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         # H200, split decode: a third stage (prologue and waits made for it, outputs right) read
         # 0.2-2% slower in every decode cell, beside two stages in one process (bench/decode_sweep.py,
         # bench/results/logs/2026-11-26-1593d5a-s11c5); before that, 3 stages patched in gave
-        # wrong outputs.
+        # wrong outputs. H100, the fp8 KV cache's 16- and 32-row tiles with a third stage (a main
+        # loop generalised to it, GPU tests passing): decode 0.90-1.04x two stages, no cell ahead
+        # beyond the run's spread (logs 2026-11-27-s21/c6 against c4).
         reasons.append(f"num_stages {cfg.num_stages}: the forward's main loop takes 2 K/V stages")
     return reasons
 

@@ -247,8 +247,11 @@ def padded_dims(spec: Spec) -> tuple[int, int]:
 # Causal-like masks at d192 ping-pong their two consumer warpgroups. H100, two sweeps (session
 # 20, logs 2026-11-27-s20/c11-c12), TFLOP/s without -> with: bf16 8k 618 -> 640, 596 -> 643, 4k
 # 481 -> 527, 16k 689 -> 695; fp16 4k/8k/16k 512/618/644 -> 500/628/653.
+# qk 192 / v 128 as well: H100, two sweeps (bench/sweep_sm90.py --head-dims 192/128 --masks causal,
+# logs 2026-11-27-s20/c20 and -s21/c5), TFLOP/s 2k/8k/16k without -> with: 353/617/624 ->
+# 361/642/650 and 395/667/643 -> 415/648/674 (FA4 365/636/731 and 381/662/748).
 _CAUSAL_TUNINGS = {(128, 128): {"persist_l2_groups": 2, "persist_l2_mb": 4},
-                   (192, 192): {"pingpong": 2}}
+                   (192, 192): {"pingpong": 2}, (192, 128): {"pingpong": 2}}
 
 
 def tile_config(spec: Spec) -> TileConfig:
