@@ -90,6 +90,7 @@ def test_fp8_split_tiles_shrink_to_the_packed_rows():
     fp8, bf16 = resolve_spec("fp8_e4m3_d128"), resolve_spec("full_bf16_d128")
     assert [(c.tile_m, c.num_warps) for c in (split_tile_config(fp8, "sm_90a", p) for p in (1, 4, 16, 32, 64))] == \
         [(16, 1)] * 3 + [(32, 2)] * 2
+    assert split_tile_config(fp8, "sm_90a", 4, "row").tile_m == 32  # per-row page registers spill on one warp
     assert split_tile_config(bf16, "sm_90a", 4).tile_m == 64
     from fa_gen.families.sm80 import Sm80Family
     context = Sm80Family().kind_context(fp8, "sm_90a", "forward_varlen_split_paged_groups_pack4")

@@ -207,7 +207,7 @@ class Sm80Family(Family):
             call = INFERENCE_KINDS[kind]
             context = {**call._asdict(), **_unlisted(expression_context(spec))}
             if call.split:
-                cfg = split_tile_config(spec, arch, call.pack)
+                cfg = split_tile_config(spec, arch, call.pack, call.page_lookup if call.paged else None)
                 smem = arch_info(arch).max_smem_per_block
                 context["tile"] = asdict(cfg)
                 # What the split count aims to fill (fa_gen.inference.num_splits_for).
@@ -289,7 +289,7 @@ class Sm80Family(Family):
         }
 
 
-def split_tile_config(spec: Spec, arch: str, pack: int = 1) -> TileConfig:
+def split_tile_config(spec: Spec, arch: str, pack: int = 1, lookup: str | None = None) -> TileConfig:
     """Tiles of the split-KV forward, made for few query rows (decode) against many keys: 64 rows
     over 4 warps (a 128-row tile would multiply the wasted MMA work of one query by 2). H200,
     decode (seqlen_q 1, bf16 and fp16, d 64 and 128, GQA packed): 64-key tiles read 0-4% faster
@@ -309,7 +309,9 @@ def split_tile_config(spec: Spec, arch: str, pack: int = 1) -> TileConfig:
     widest = max(padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v))
     narrow = (TileConfig(32, 64, 2, 2),) if widest <= 64 else ()
     if spec.is_fp8:
-        narrow = (TileConfig(16, 64, 1, 2),) * (pack <= 16) + (TileConfig(32, 64, 2, 2),)
+        # (Not one warp where each copy row looks up its own page: its page and slot registers
+        # spill there, 209 STL at d128 against 4 on two warps.)
+        narrow = (TileConfig(16, 64, 1, 2),) * (pack <= 16 and lookup != "row") + (TileConfig(32, 64, 2, 2),)
     for cfg in (*narrow, TileConfig(64, 64, 4, 2), TileConfig(64, 128, 4, 2)):
         if not _tile_reasons(cfg, spec, arch):
             return cfg

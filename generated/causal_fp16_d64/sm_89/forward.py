@@ -126,21 +126,15 @@ class FlashAttentionForward:
         # (tile_m, head_dim_qk), swizzled: cp.async writes and ldmatrix reads are conflict-free.
         sQ_layout = cute.tile_to_shape(self._smem_atom(SMEM_ATOM_COLS_QK), (TILE_M, HEAD_DIM_QK), (0, 1))
         # (tile_n, head_dim_qk, stage)
-        sK_layout = cute.tile_to_shape(
-            self._smem_atom(SMEM_ATOM_COLS_QK), (TILE_N, HEAD_DIM_QK, NUM_STAGES), (0, 1, 2)
-        )
+        sK_layout = cute.tile_to_shape(self._smem_atom(SMEM_ATOM_COLS_QK), (TILE_N, HEAD_DIM_QK, NUM_STAGES), (0, 1, 2))
         # (tile_n, head_dim_v, stage)
-        sV_layout = cute.tile_to_shape(
-            self._smem_atom(SMEM_ATOM_COLS_V), (TILE_N, HEAD_DIM_V, NUM_STAGES), (0, 1, 2)
-        )
+        sV_layout = cute.tile_to_shape(self._smem_atom(SMEM_ATOM_COLS_V), (TILE_N, HEAD_DIM_V, NUM_STAGES), (0, 1, 2))
         # (tile_m, head_dim_v): O is staged through Q's buffer once no warp reads Q any more.
         sO_layout = cute.tile_to_shape(self._smem_atom(SMEM_ATOM_COLS_V), (TILE_M, HEAD_DIM_V), (0, 1))
 
         @cute.struct
         class SharedStorage:
-            sQ: cute.struct.Align[
-                cute.struct.MemRange[DTYPE, max(cute.cosize(sQ_layout), cute.cosize(sO_layout))], 1024
-            ]
+            sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, max(cute.cosize(sQ_layout), cute.cosize(sO_layout))], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sV_layout)], 1024]
 
@@ -247,6 +241,9 @@ class FlashAttentionForward:
         ops.key_offset = key_offset
         ops.m_block = m_block
         ops.offset_q = offset_q
+        # A warp whose rows all lie past the query rows (decode) skips the MMAs and the softmax
+        # (docs/inference.md, "Idle warps"); it still copies K/V and passes every barrier.
+        ops.computes = m_block * TILE_M + cute.arch.make_warp_uniform(cute.arch.warp_idx()) * 16 < ops.seqlen_q
 
         # (MMA, MMA_M, MMA_N) fp32 output accumulator, and the running softmax state per row.
         acc_O = cute.make_rmem_tensor(ops.thr_mma.partition_shape_C((TILE_M, HEAD_DIM_V)), Float32)
@@ -391,27 +388,29 @@ class FlashAttentionForward:
         if n_next >= 0:
             self.load_kv(ops.gmem_copy_V, ops.tVgV, ops.tVsV, ops.tVcV, ops.t0VcV, n_next, 1 - stage, ops.seqlen_k, False)
         cute.arch.cp_async_commit_group()
-        gemm_from_smem(
-            ops.tiled_mma, acc_S, ops.tSrQ, ops.tSrK, ops.tSsQ, ops.tSsK[None, None, None, stage],
-            ops.smem_copy_Q, ops.smem_copy_K,
-        )
-        acc_S_mn = rows_cols_view(acc_S)
-        if const_expr(masked):
-            self.apply_mask(ops, acc_S_mn, n_block)
-        self.online_softmax(acc_S_mn, rows_cols_view(ops.acc_O), ops.row_max, ops.row_sum, is_first, masked)
         # P in the input precision, reused in registers as the A operand of P @ V.
         rP = cute.make_fragment_like(acc_S, DTYPE)
-        rP.store(acc_S.load().to(DTYPE))
+        if const_expr(True):
+            gemm_from_smem(
+                ops.tiled_mma, acc_S, ops.tSrQ, ops.tSrK, ops.tSsQ, ops.tSsK[None, None, None, stage],
+                ops.smem_copy_Q, ops.smem_copy_K,
+            )
+            acc_S_mn = rows_cols_view(acc_S)
+            if const_expr(masked):
+                self.apply_mask(ops, acc_S_mn, n_block)
+            self.online_softmax(acc_S_mn, rows_cols_view(ops.acc_O), ops.row_max, ops.row_sum, is_first, masked)
+            rP.store(acc_S.load().to(DTYPE))
         # V[n] has landed, and every warp is done reading K[n]'s stage, which K[n-2] now takes.
         cute.arch.cp_async_wait_group(2)
         cute.arch.barrier()
         if n_after >= 0:
             self.load_kv(ops.gmem_copy_QK, ops.tKgK, ops.tKsK, ops.tKcK, ops.t0KcK, n_after, stage, ops.seqlen_k, False)
         cute.arch.cp_async_commit_group()
-        gemm_a_in_registers(
-            ops.tiled_mma, ops.acc_O, scores_as_operand_a(rP), ops.tOrVt, ops.tOsVt[None, None, None, stage],
-            ops.smem_copy_V,
-        )
+        if const_expr(True):
+            gemm_a_in_registers(
+                ops.tiled_mma, ops.acc_O, scores_as_operand_a(rP), ops.tOrVt, ops.tOsVt[None, None, None, stage],
+                ops.smem_copy_V,
+            )
 
     @cute.jit
     def apply_mask(self, ops: Operands, acc_S_mn: cute.Tensor, n_block: Int32):
