@@ -83,18 +83,15 @@ def test_split_kinds_count_their_registers():
     assert split_tile_config(d128, "sm_90a").blocks_per_sm(128, 128, smem, 168) == 2  # by shared memory
 
 
-def test_fp8_split_tiles_shrink_to_the_packed_rows():
-    """e4m3 K/V: 16-row tiles on one warp up to 16 packed heads, then 32 rows on two (the 16-bit
-    tiles' idle rows of MMA and conversion work bound the step); 16-bit tiles stay 64 rows."""
-    from fa_gen.families.sm80 import split_tile_config
+def test_fp8_split_tiles_take_32_rows():
+    """e4m3 K/V: 32-row tiles on two warps (the 16-bit tiles' idle rows of MMA and conversion
+    work bound the step); 16-bit tiles stay 64 rows on four."""
+    from fa_gen.families.sm80 import Sm80Family, split_tile_config
     fp8, bf16 = resolve_spec("fp8_e4m3_d128"), resolve_spec("full_bf16_d128")
-    assert [(c.tile_m, c.num_warps) for c in (split_tile_config(fp8, "sm_90a", p) for p in (1, 4, 16, 32, 64))] == \
-        [(16, 1)] * 3 + [(32, 2)] * 2
-    assert split_tile_config(fp8, "sm_90a", 4, "row").tile_m == 32  # per-row page registers spill on one warp
-    assert split_tile_config(bf16, "sm_90a", 4).tile_m == 64
-    from fa_gen.families.sm80 import Sm80Family
+    assert (split_tile_config(fp8, "sm_90a").tile_m, split_tile_config(fp8, "sm_90a").num_warps) == (32, 2)
+    assert split_tile_config(bf16, "sm_90a").tile_m == 64
     context = Sm80Family().kind_context(fp8, "sm_90a", "forward_varlen_split_paged_groups_pack4")
-    assert (context["tile"]["tile_m"], context["page_group_rows"]) == (16, 16)
+    assert (context["tile"]["tile_m"], context["page_group_rows"]) == (32, 8)
 
 
 def test_packing_rules():

@@ -207,7 +207,7 @@ class Sm80Family(Family):
             call = INFERENCE_KINDS[kind]
             context = {**call._asdict(), **_unlisted(expression_context(spec))}
             if call.split:
-                cfg = split_tile_config(spec, arch, call.pack, call.page_lookup if call.paged else None)
+                cfg = split_tile_config(spec, arch)
                 smem = arch_info(arch).max_smem_per_block
                 context["tile"] = asdict(cfg)
                 # What the split count aims to fill (fa_gen.inference.num_splits_for).
@@ -289,7 +289,7 @@ class Sm80Family(Family):
         }
 
 
-def split_tile_config(spec: Spec, arch: str, pack: int = 1, lookup: str | None = None) -> TileConfig:
+def split_tile_config(spec: Spec, arch: str) -> TileConfig:
     """Tiles of the split-KV forward, made for few query rows (decode) against many keys: 64 rows
     over 4 warps (a 128-row tile would multiply the wasted MMA work of one query by 2). H200,
     decode (seqlen_q 1, bf16 and fp16, d 64 and 128, GQA packed): 64-key tiles read 0-4% faster
@@ -299,19 +299,19 @@ def split_tile_config(spec: Spec, arch: str, pack: int = 1, lookup: str | None =
     d64, A/B in one call: 2.91 TB/s against 2.80 (cuDNN 2.92); 16x64 on one warp 2.94, 32x128
     2.80; d128 cells unchanged by 32-row tiles (bench/results/logs/2026-11-26-882ac40-s12c1..3).
     fp8 (e4m3) K/V, which the copying threads convert to fp16 (templates/common/fp8_staging.j2):
-    16 rows on one warp up to 16 packed heads, else 32 rows on two, where the 16-bit tiles'
-    unused rows of MMA work and conversion would bound the step. H100, decode d128, GB/s
-    counted in 16-bit bytes (bench/fp8_decode_sweep.py, 2026-11-27, logs s21/c3), 64x64 /
-    32x64 / 16x64 at the heuristic's splits: b64 sk8k h32/8 3490 / 4605 / 5070, b8 sk32k
-    3068 / 4767 / 4880, b1 sk128k 3233 / 4637 / 4611, b128 sk2k h64/8 3413 / 4553 / 4682,
-    MQA b32 sk16k 3033 / 4147 / 2292 (bf16 on the same cells 3057, 3068, 3029, 2983, 2803).
+    32 rows on two warps, where the 16-bit tiles' idle rows of MMA and conversion work bound the
+    step. H100, decode d128, GB/s counted in 16-bit bytes (bench/fp8_decode_sweep.py, logs
+    2026-11-27-s21/c3), 64x64 / 32x64 / 16x64 at the heuristic's splits: b64 sk8k h32/8 3490 /
+    4605 / 5070, b8 sk32k 3068 / 4767 / 4880, b1 sk128k 3233 / 4637 / 4611, b128 sk2k h64/8 3413 /
+    4553 / 4682, MQA b32 sk16k 3033 / 4147 / 2292 (bf16 on the same cells 2803-3068). Once a warp
+    without query rows skips its MMAs (c11, two orders), 32x64 / 16x64: b64 4904 / 5020 and 4906 /
+    4986, b8 4599 / 4496 and 4925 / 4838, b1 4699 / 4566 and 4670 / 4529, b128 4862 / 4571 and
+    4906 / 4646; one warp's per-row page registers also spilled (209 STL).
     Falls back to the forward's tiles when none fits."""
     widest = max(padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v))
     narrow = (TileConfig(32, 64, 2, 2),) if widest <= 64 else ()
     if spec.is_fp8:
-        # (Not one warp where each copy row looks up its own page: its page and slot registers
-        # spill there, 209 STL at d128 against 4 on two warps.)
-        narrow = (TileConfig(16, 64, 1, 2),) * (pack <= 16 and lookup != "row") + (TileConfig(32, 64, 2, 2),)
+        narrow = (TileConfig(32, 64, 2, 2),)
     for cfg in (*narrow, TileConfig(64, 64, 4, 2), TileConfig(64, 128, 4, 2)):
         if not _tile_reasons(cfg, spec, arch):
             return cfg
