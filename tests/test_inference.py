@@ -170,6 +170,24 @@ def test_inference_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
     compile_to_object(text, arch, tmp_path / f"{kind}.o", label=f"{name} {kind}")
 
 
+def test_idle_warps_skip_the_mmas_in_split_kinds_only(monkeypatch):
+    """A split kind of several warps renders the idle-warp check around its MMAs (a decode tile
+    fills one warp's rows); one-warp tiles and the training forwards render none (their branch
+    cost speed, and spilled the 128-row forward on Blackwell)."""
+    import fa_gen.families.sm80 as sm80
+
+    def guarded(name, kind, arch="sm_90a"):
+        text = render(resolve_spec(name), arch, "sm80", kind=kind).text
+        return text.count("        if ops.computes:\n"), text.count("        if const_expr(True):\n")
+
+    assert guarded("full_bf16_d128", "forward_varlen_split_pack4") == (2, 0)
+    assert guarded("fp8_e4m3_d128", "forward_varlen_split_paged_pack8") == (2, 0)  # two warps
+    assert guarded("full_bf16_d128", "forward", "sm_80") == (0, 2)
+    assert guarded("document", "forward", "sm_80") == (0, 2)
+    monkeypatch.setattr(sm80, "split_tile_config", lambda spec, arch: sm80.TileConfig(16, 64, 1, 2))
+    assert guarded("full_bf16_d128", "forward_varlen_split_pack4") == (0, 2)
+
+
 @pytest.mark.parametrize("kind", ["forward_varlen_split_pack4", "forward_varlen_split_paged_tiles_pack4",
                                   "forward_varlen_split_paged_groups_pack4", "forward_varlen_split_paged_pack8",
                                   "forward_varlen_split", "forward_varlen_split_paged_groups_pack32"])
