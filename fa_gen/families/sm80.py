@@ -298,20 +298,15 @@ def split_tile_config(spec: Spec, arch: str) -> TileConfig:
     six CTAs per SM instead of three keep twice the K/V bytes in flight. H100, b64 sk8k h32/8
     d64, A/B in one call: 2.91 TB/s against 2.80 (cuDNN 2.92); 16x64 on one warp 2.94, 32x128
     2.80; d128 cells unchanged by 32-row tiles (bench/results/logs/2026-11-26-882ac40-s12c1..3).
-    fp8 (e4m3) K/V, which the copying threads convert to fp16 (templates/common/fp8_staging.j2):
-    32 rows on two warps, where the 16-bit tiles' idle rows of MMA and conversion work bound the
-    step. H100, decode d128, GB/s counted in 16-bit bytes (bench/fp8_decode_sweep.py, logs
-    2026-11-27-s21/c3), 64x64 / 32x64 / 16x64 at the heuristic's splits: b64 sk8k h32/8 3490 /
-    4605 / 5070, b8 sk32k 3068 / 4767 / 4880, b1 sk128k 3233 / 4637 / 4611, b128 sk2k h64/8 3413 /
-    4553 / 4682, MQA b32 sk16k 3033 / 4147 / 2292 (bf16 on the same cells 2803-3068). Once a warp
-    without query rows skips its MMAs (c11, two orders), 32x64 / 16x64: b64 4904 / 5020 and 4906 /
-    4986, b8 4599 / 4496 and 4925 / 4838, b1 4699 / 4566 and 4670 / 4529, b128 4862 / 4571 and
-    4906 / 4646; one warp's per-row page registers also spilled (209 STL).
+    fp8 (e4m3) K/V, which the copying threads convert to fp16 (templates/common/fp8_staging.j2),
+    take 32 rows on two warps where those fit: the 64-row tiles' idle MMA rows and conversions
+    bounded the step. H100, decode d128, GB/s in 16-bit bytes (bench/fp8_decode_sweep.py, logs
+    2026-11-27-s21/c3, c11), 64x64 / 32x64: b64 sk8k h32/8 3490 / 4605, b128 sk2k h64/8 3413 /
+    4553, MQA 3033 / 4147 (bf16 2803-3068); 16x64 on one warp, once idle warps skip their MMAs,
+    2% ahead at b64 and 2-6% behind at b8, b1 and b128 (and its per-row page lookups spill).
     Falls back to the forward's tiles when none fits."""
     widest = max(padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v))
-    narrow = (TileConfig(32, 64, 2, 2),) if widest <= 64 else ()
-    if spec.is_fp8:
-        narrow = (TileConfig(32, 64, 2, 2),)
+    narrow = (TileConfig(32, 64, 2, 2),) if widest <= 64 or spec.is_fp8 else ()
     for cfg in (*narrow, TileConfig(64, 64, 4, 2), TileConfig(64, 128, 4, 2)):
         if not _tile_reasons(cfg, spec, arch):
             return cfg
