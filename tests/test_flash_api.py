@@ -431,9 +431,10 @@ def test_varlen_block_table_maps_onto_forward_paged(monkeypatch):
 
     calls = []
 
-    def fake(spec, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, inputs=None):
+    def fake(spec, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, inputs=None,
+             descales=None):
         calls.append(dict(spec=spec, page_table=page_table, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
-                          max_seqlen_q=max_seqlen_q, inputs=inputs, k_cache=k_cache))
+                          max_seqlen_q=max_seqlen_q, inputs=inputs, k_cache=k_cache, descales=descales))
         return torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1]), torch.zeros(q.shape[1], q.shape[0])
 
     monkeypatch.setattr(flash, "forward_paged", fake)
@@ -449,6 +450,7 @@ def test_varlen_block_table_maps_onto_forward_paged(monkeypatch):
     assert call["page_table"] is table and call["k_cache"] is pages and call["max_seqlen_q"] == 8
     assert call["cu_seqlens_q"].dtype == torch.int32 and call["cu_seqlens_q"].tolist() == [0, 3, 11]
     assert call["seqused_k"].dtype == torch.int32 and call["seqused_k"].tolist() == [20, 9]
+    assert call["descales"] is None
     used = torch.tensor([17, 2], dtype=torch.int32)
     fa_gen.flash_attn_varlen_func(q, pages, pages, cu_q, None, 8, 20, block_table=table, seqused_k=used)
     assert calls[-1]["seqused_k"].tolist() == [17, 2]
@@ -458,6 +460,55 @@ def test_varlen_block_table_maps_onto_forward_paged(monkeypatch):
         fa_gen.flash_attn_varlen_func(q.requires_grad_(), pages, pages, cu_q, cu_k, 8, 20, block_table=table)
     with torch.no_grad():
         fa_gen.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 8, 20, block_table=table)
+
+
+def test_varlen_fp8_maps_onto_the_fp8_forwards(monkeypatch):
+    """float8_e4m3fn q, k, v with FlashAttention-3's descales: contiguous ones go to
+    attention_fp8_varlen, paged ones (an fp8 KV cache) to forward_paged with the descales; what
+    fp8 has no kernel for is refused by name, and descales on 16-bit inputs too."""
+    import fa_gen.api.flash_attn as flash
+
+    calls = []
+
+    def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, spec, q_descale, k_descale, v_descale, inputs=None):
+        calls.append(dict(kind="varlen", spec=spec, cu_q=cu_q, max_k=max_k, descales=(q_descale, k_descale, v_descale)))
+        return torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.bfloat16), torch.zeros(q.shape[1], q.shape[0])
+
+    def fake_paged(spec, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, inputs=None,
+                   descales=None):
+        calls.append(dict(kind="paged", spec=spec, seqused_k=seqused_k, descales=descales))
+        return torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=torch.bfloat16), torch.zeros(q.shape[1], q.shape[0])
+
+    monkeypatch.setattr(flash, "attention_fp8_varlen", fake_varlen)
+    monkeypatch.setattr(flash, "forward_paged", fake_paged)
+    fp8 = torch.float8_e4m3fn
+    q, k = torch.randn(11, 8, 128).to(fp8), torch.randn(29, 2, 128).to(fp8)
+    cu_q, cu_k = torch.tensor([0, 3, 11]), torch.tensor([0, 20, 29], dtype=torch.int32)
+    qd, kd = torch.rand(2, 2) + 0.5, torch.rand(2, 2) + 0.5
+    out, lse = fa_gen.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 8, 20, causal=True, q_descale=qd, k_descale=kd,
+                                             v_descale=0.25, return_lse=True)
+    call = calls[-1]
+    assert call["kind"] == "varlen" and call["spec"].is_fp8 and call["spec"].mask.value == "causal"
+    assert call["descales"][0] is qd and call["descales"][1] is kd and call["descales"][2] == 0.25
+    assert call["cu_q"].dtype == torch.int32 and call["max_k"] == 20
+    assert out.dtype == torch.bfloat16 and out.shape == (11, 8, 128) and lse.shape == (8, 11)
+    pages = torch.randn(6, 16, 2, 128).to(fp8)
+    table = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32)
+    fa_gen.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 8, 20, block_table=table, k_descale=kd)
+    call = calls[-1]
+    assert call["kind"] == "paged" and call["spec"].is_fp8 and call["seqused_k"].tolist() == [20, 9]
+    assert call["descales"][0] is None and call["descales"][1] is kd and call["descales"][2] is None
+    with pytest.raises(UnsupportedError, match="seqused_k with float8_e4m3fn"):
+        fa_gen.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 8, 20, seqused_k=torch.tensor([3, 9], dtype=torch.int32))
+    with pytest.raises(UnsupportedError, match="dropout_p=0.1 with float8_e4m3fn"):
+        fa_gen.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 8, 20, dropout_p=0.1)
+    bf16 = torch.randn(11, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(UnsupportedError, match="q_descale"):
+        fa_gen.flash_attn_varlen_func(bf16, bf16, bf16, cu_q, cu_q, 8, 8, q_descale=qd)
+    with pytest.raises(UnsupportedError, match="q_descale"):
+        fa_gen.flash_attn_varlen_func(bf16, pages.bfloat16(), pages.bfloat16(), cu_q, cu_k, 8, 20, block_table=table,
+                                      v_descale=0.5)
+    assert len(calls) == 2
 
 
 def test_kvcache_without_the_kv_cache_forward_is_unsupported(monkeypatch):

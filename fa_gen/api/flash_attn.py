@@ -26,7 +26,7 @@ from ..autograd import spec_from_key
 from ..errors import InputError, UnsupportedError
 from ..inference import forward_paged
 from .attention import attention
-from .fp8 import attention_fp8
+from .fp8 import attention_fp8, attention_fp8_varlen
 from .flash_specs import DTYPES, fold_window, flash_spec_key
 from .varlen import attention_varlen
 
@@ -43,16 +43,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                    learnable_sink, heads=q.shape[2], batch=q.shape[0])
     descales = (q_descale, k_descale, v_descale)
-    if q.dtype == torch.float8_e4m3fn:
-        if dropout_p:
-            raise UnsupportedError(f"dropout_p={dropout_p} with float8_e4m3fn inputs", ["fp8 has no dropout kernel"])
-        if learnable_sink is not None and learnable_sink.requires_grad and torch.is_grad_enabled():
-            raise UnsupportedError("learnable_sink that requires grad with float8_e4m3fn inputs",
-                                   ["the fp8 forward has no backward; detach learnable_sink"])
+    if _fp8_call(q, descales, dropout_p, learnable_sink):
         out, lse = attention_fp8(q, k, v, spec_from_key(key), *descales, inputs=inputs)
         return _results(out, lse, return_attn_probs, return_lse)
-    if any(d is not None for d in descales):
-        raise UnsupportedError("q_descale / k_descale / v_descale", ["descale factors are for float8_e4m3fn inputs"])
     out, lse = attention(q, k, v, spec_from_key(key), _deterministic(deterministic), inputs, dropout_p=dropout_p)
     return _results(out, lse, return_attn_probs, return_lse)
 
@@ -60,7 +53,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, learnable_sink=None,
-                           return_lse=False, seqused_k=None):
+                           return_lse=False, seqused_k=None, q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention's flash_attn_varlen_func over fa_gen.attention_varlen: q (total_q, heads, d),
     k/v (total_k, heads_kv, d), cu_seqlens_* (batch + 1) int32; lse (heads, total_q). Masks align
     per sequence (bottom-right); learnable_sink (heads,) enters every sequence's softmax.
@@ -68,15 +61,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     With block_table (batch, max_blocks) int32, k/v are paged caches (num_blocks, block_size,
     heads_kv, d) and sequence b's keys are the first cu_seqlens_k[b + 1] - cu_seqlens_k[b] (or
     seqused_k[b]) slots of its blocks, as FlashAttention-2's paged prefill takes them: forward
-    only, through fa_gen.inference.forward_paged (the split-KV kinds)."""
-    _refuse_fp8(q, "flash_attn_varlen_func")
+    only, through fa_gen.inference.forward_paged (the split-KV kinds).
+    float8_e4m3fn q, k, v (Hopper) take FlashAttention-3's q/k/v_descale, (batch, heads_kv)
+    float32: contiguous through fa_gen.attention_fp8_varlen, paged (an fp8 KV cache) through the
+    split kinds' fp8 build; forward only, out in bf16."""
+    descales = (q_descale, k_descale, v_descale)
     if block_table is not None:
         return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
                              window_size, softcap, alibi_slopes, return_attn_probs, block_table, learnable_sink,
-                             return_lse, seqused_k)
+                             return_lse, seqused_k, descales)
     _check_qkv(q, k, v, "(total_tokens, heads, head_dim)")
     key, inputs = _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                                    learnable_sink, heads=q.shape[1], batch=None)
+    if _fp8_call(q, descales, dropout_p, learnable_sink):
+        if seqused_k is not None:
+            raise UnsupportedError("seqused_k with float8_e4m3fn inputs (no block_table)", [
+                "the fp8 varlen forward reads each sequence's cu_seqlens_k span; pass block_table for a cache"])
+        out, lse = attention_fp8_varlen(q, k, v, _int32(cu_seqlens_q), _int32(cu_seqlens_k), int(max_seqlen_q),
+                                        int(max_seqlen_k), spec_from_key(key), *descales, inputs=inputs)
+        return _results(out, lse, return_attn_probs, return_lse)
     sinks = None if inputs is None else inputs.get("sinks")
     if dropout_p and sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
         raise UnsupportedError(f"learnable_sink that requires grad with dropout_p={dropout_p}", [
@@ -95,7 +98,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
                   window_size, softcap, alibi_slopes, return_attn_probs, block_table, learnable_sink, return_lse,
-                  seqused_k):
+                  seqused_k, descales):
     """flash_attn_varlen_func with block_table: packed queries against paged K/V, forward only."""
     if dropout_p:
         raise UnsupportedError(f"dropout_p={dropout_p} with block_table", [
@@ -114,8 +117,9 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     else:
         cu_seqlens_k = _int32(cu_seqlens_k)
         used = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    fp8 = _fp8_call(q, descales, dropout_p, learnable_sink)
     out, lse = forward_paged(spec_from_key(key), q, k_cache, v_cache, _int32(block_table), _int32(cu_seqlens_q),
-                             used, int(max_seqlen_q), inputs=inputs)
+                             used, int(max_seqlen_q), inputs=inputs, descales=descales if fp8 else None)
     return _results(out, lse, return_attn_probs, return_lse)
 
 
@@ -240,10 +244,19 @@ def _spec_and_inputs(q, v, softmax_scale, causal, window_size, softcap, alibi_sl
     return key, inputs or None
 
 
-def _refuse_fp8(q, function: str) -> None:
-    if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
-        raise UnsupportedError(f"float8_e4m3fn inputs in {function}", [
-            "fp8 runs through flash_attn_func, fa_gen.attention_fp8 and (packed batches) fa_gen.attention_fp8_varlen"])
+def _fp8_call(q, descales, dropout_p, learnable_sink) -> bool:
+    """Whether q is float8_e4m3fn (a forward-only fp8 call, FlashAttention-3's descales); refuses
+    what fp8 has no kernel for, and descales on 16-bit inputs."""
+    if q.dtype != torch.float8_e4m3fn:
+        if any(d is not None for d in descales):
+            raise UnsupportedError("q_descale / k_descale / v_descale", ["descale factors are for float8_e4m3fn inputs"])
+        return False
+    if dropout_p:
+        raise UnsupportedError(f"dropout_p={dropout_p} with float8_e4m3fn inputs", ["fp8 has no dropout kernel"])
+    if learnable_sink is not None and learnable_sink.requires_grad and torch.is_grad_enabled():
+        raise UnsupportedError("learnable_sink that requires grad with float8_e4m3fn inputs",
+                               ["the fp8 forward has no backward; detach learnable_sink"])
+    return True
 
 
 def _dtype(q) -> str:
