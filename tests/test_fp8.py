@@ -157,8 +157,11 @@ def test_flash_api_routes_fp8_and_refuses_what_it_cannot_serve():
     q8 = torch.zeros(1, 4, 2, 128, dtype=fp8.E4M3)
     with pytest.raises(UnsupportedError, match="fp8 has no dropout"):
         fa_gen.flash_attn_func(q8, q8, q8, dropout_p=0.1)
-    with pytest.raises(UnsupportedError, match="attention_fp8_varlen"):
-        fa_gen.flash_attn_varlen_func(q8[0], q8[0], q8[0], None, None, 4, 4)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(UnsupportedError, match="seqused_k with float8_e4m3fn"):
+        fa_gen.flash_attn_varlen_func(q8[0], q8[0], q8[0], cu, cu, 4, 4, seqused_k=cu[1:])
+    with pytest.raises(UnsupportedError, match="fp8 has no dropout"):
+        fa_gen.flash_attn_varlen_func(q8[0], q8[0], q8[0], cu, cu, 4, 4, dropout_p=0.1)
     q16 = torch.zeros(1, 4, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(UnsupportedError, match="descale factors are for float8_e4m3fn"):
         fa_gen.flash_attn_func(q16, q16, q16, q_descale=torch.ones(1, 2))
