@@ -114,14 +114,16 @@ def time_rows(cell: dict, sets, causal: bool, flops: float, impls, tunings) -> l
     return rows
 
 
-def cells(quick: bool):
+def cells(quick: bool, head_dims=(128, 256)):
     seqlens = (8192,) if quick else (2048, 8192, 16384)
-    for head_dim in (128, 256):
+    for head_dim in head_dims:
         for causal in (False, True):
             for seqlen in seqlens:
                 yield {"name": f"d{head_dim}{'_causal' if causal else ''}_s{seqlen}", "head_dim": head_dim,
                        "causal": causal, "seqlen": seqlen, "batch": TOKENS // seqlen,
                        "heads_q": HIDDEN // head_dim, "heads_kv": HIDDEN // head_dim}
+    if 128 not in head_dims:
+        return
     yield {"name": "llama3.1_h64/8_d128_causal_s32k", "head_dim": 128, "causal": True, "seqlen": 32768,
            "batch": 1, "heads_q": 64, "heads_kv": 8}
 
@@ -134,6 +136,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="one seqlen (8k) per head dim and mask")
     parser.add_argument("--tunings", default=None, help='e.g. "stale_max=2;pingpong=1,tile_n=192" (every cell)')
     parser.add_argument("--impls", default="fa_gen_bf16,sdpa_cudnn,fa4")
+    parser.add_argument("--head-dims", default="128,256", help="the cells' head dims (128 adds the Llama-3.1 cell)")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0")),
                         help="compile the kernels in this many processes first")
     args = parser.parse_args(argv)
@@ -156,7 +159,7 @@ def main(argv=None) -> int:
         from fa_gen.runtime import current_arch
 
         specs = {}
-        for cell in cells(args.quick):
+        for cell in cells(args.quick, tuple(int(d) for d in args.head_dims.split(','))):
             for tuning in [None] + tunings_of(cell):
                 spec = fp8_spec(cell["head_dim"], cell["causal"], tuning)
                 specs[spec.name] = spec
@@ -164,7 +167,7 @@ def main(argv=None) -> int:
                               "dtype": "bf16", "head_dim": cell["head_dim"], "mask": "causal" if cell["causal"] else "none"})
             specs[bf16.name] = bf16
         precompile([(spec, current_arch()) for spec in specs.values()], jobs=args.jobs)
-    for cell in cells(args.quick):
+    for cell in cells(args.quick, tuple(int(d) for d in args.head_dims.split(','))):
         sets = input_sets(3, cell["batch"], cell["seqlen"], cell["heads_q"], cell["heads_kv"], cell["head_dim"])
         flops = attention_flops(cell["batch"], cell["heads_q"], cell["seqlen"], cell["seqlen"], cell["head_dim"],
                                 cell["head_dim"], cell["causal"])

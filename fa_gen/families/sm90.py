@@ -195,11 +195,16 @@ class ShortTiles:
 # -e5c33d2-call5):
 #   d128 128x128 pp 771/877/854; no pp 786/839/823; 128x192 802/872/858 (equal within runs).
 #   d256 128x128 pp 1119/1282/1272; no pp 1041/1279/1186.
+# d128 takes 128x224 without ping-pong (FlashAttention-3's fp8 d128 tile): H100, session 22, one
+# run (bench/bench_fp8.py --head-dims 128 --tunings ..., logs 2026-11-27-s22/c2, c3), TFLOP/s
+# 128x128 pp -> 128x224: non-causal 2k/8k/16k 788/869/855 -> 796/983/939 (891 -> 970 in c2),
+# causal 558/843/820 -> 537/894/964, Llama-3.1 h64/8 causal 32k 869 -> 933 (bf16 668-688).
+# stale_max 2 on top: +1-3% non-causal and Llama, causal 8k 894 -> 834: not taken.
 # A polynomial exp2 on the FMA pipe for 4-8 of 16 columns, or ex2.approx.f16x2 (two exponentials
 # per MUFU op), lost 1-16% in every cell, fp8 and bf16 alike: the MUFU is not the bound here.
 _FP8_TILES = {
     (64, 64): TileConfig(192, 128, 2, 2),
-    (128, 128): TileConfig(128, 128, 2, 2),
+    (128, 128): TileConfig(128, 224, 2, 1),
     (256, 256): TileConfig(128, 128, 2, 2),
 }
 FP8_HEAD_DIM_STEP = 16  # 16-byte TMA rows

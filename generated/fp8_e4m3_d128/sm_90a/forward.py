@@ -4,8 +4,8 @@
 
 Variant: fp8_e4m3, head dims qk 128 / v 128, mask none
 (window_left=None, window_right=None, bottom_right), softmax_scale=0.08838834764831845.
-Tiles: 128 query rows (2 consumer warpgroups) x 128 key rows, 2 K/V stages,
-ping-pong on, O staged through a buffer of its own, 115712 bytes of shared memory.
+Tiles: 128 query rows (2 consumer warpgroups) x 224 key rows, 2 K/V stages,
+ping-pong off, O staged through a buffer of its own, 164864 bytes of shared memory.
 
 Warp roles. Warpgroup 0 is the producer: its first warp issues every TMA load (Q once per
 tile; K and V through 2-stage rings guarded by full/empty mbarriers) and the
@@ -16,9 +16,7 @@ O += P V with P taken from registers. setmaxnreg moves registers from the produc
 Overlap. Inside a warpgroup, the GEMM of the next key tile's S is issued together with the
 P V GEMM of the current one, and the softmax of the new S runs while that P V is in flight.
 Across warpgroups, named barriers make them take turns issuing GEMMs (ping-pong), so one
-warpgroup's softmax overlaps the other's tensor-core work. With ping-pong, each step ends by
-waiting for its own P V, making the next P and rescaling O (FlashAttention-3's order), so the next
-step issues its GEMMs as soon as its turn comes.
+warpgroup's softmax overlaps the other's tensor-core work.
 Scheduling. The grid is persistent (132 CTAs at most); CTAs take tiles wave by wave, in a
 snake order, from a list ordered by head groups whose K/V fit in L2 (query-tile rank slow within a group).
 Key tiles are visited from the last to the first; fully masked ones are never loaded, and
@@ -43,9 +41,9 @@ O_DTYPE = cutlass.BFloat16
 HEAD_DIM_QK = 128
 HEAD_DIM_V = 128
 TILE_M = 128
-TILE_N = 128
+TILE_N = 224
 NUM_STAGES = 2
-PINGPONG = True
+PINGPONG = False
 O_SHARES_Q = False
 LONGEST_FIRST = False
 NUM_CONSUMER_WARPGROUPS = 2
@@ -453,10 +451,10 @@ class FlashAttentionForward:
             # [diagonal + r, diagonal + r] (unbounded where no window).
             n_block_diagonal = m_block * 128 + key_offset
             # Key tiles this query tile visits: [n_block_lo, n_block_hi).
-            n_block_hi = cute.ceil_div(seqlen_k, 128)
+            n_block_hi = cute.ceil_div(seqlen_k, 224)
             n_block_lo = Int32(0)
             # Tiles every row sees in full, [n_block_free_lo, n_block_free_hi): inside seqlen_k,
-            n_block_free_hi = seqlen_k // 128
+            n_block_free_hi = seqlen_k // 224
             n_block_free_lo = n_block_lo
             # Keep lo <= free_lo <= free_hi <= hi.
             n_block_free_hi = cutlass.max(cutlass.min(n_block_free_hi, n_block_hi), n_block_lo)
@@ -595,10 +593,10 @@ class FlashAttentionForward:
         # [diagonal + r, diagonal + r] (unbounded where no window).
         n_block_diagonal = m_block * 128 + key_offset
         # Key tiles this query tile visits: [n_block_lo, n_block_hi).
-        n_block_hi = cute.ceil_div(seqlen_k, 128)
+        n_block_hi = cute.ceil_div(seqlen_k, 224)
         n_block_lo = Int32(0)
         # Tiles every row sees in full, [n_block_free_lo, n_block_free_hi): inside seqlen_k,
-        n_block_free_hi = seqlen_k // 128
+        n_block_free_hi = seqlen_k // 224
         n_block_free_lo = n_block_lo
         # Keep lo <= free_lo <= free_hi <= hi.
         n_block_free_hi = cutlass.max(cutlass.min(n_block_free_hi, n_block_hi), n_block_lo)
@@ -653,25 +651,26 @@ class FlashAttentionForward:
         acc_S_mn = rows_cols_view(ops.acc_S)
         self.apply_mask(ops, acc_S_mn, tile_pos, n_block)
         self.softmax_step(ops, acc_S_mn, True, True)
-        convert_fragment(ops.acc_S, ops.tOrP)
 
     @cute.jit
     def overlapped_step(self, ops: Operands, tile_pos, n_block, kv_state, v_pending, pending, masked: cutlass.Constexpr):
         """Issue S = Q K[n]^T and O += P V[n+1] together, then softmax S while P V runs.
 
-        Ping-pong: the step ends by waiting for its P V, freeing that V stage, making the next P
-        and rescaling O, so that the next step issues its GEMMs as soon as its turn comes (the
-        other warpgroup's GEMMs cover this tail). ptxas places that wait right after the row-max
-        shuffles, so the exp2s run after P V has finished; measured on an H200, this still beats
-        the order below by 1-5% at head dims 64 and 128 (fewer cycles, and no P conversion or O
-        rescale between taking the turn and issuing).
+        The previous softmax's P is made at the top of the step, after waiting for the previous
+        P V: as the last thing of a step, ptxas hoists that wait above the softmax (to fill the
+        stalls of its row reductions), and the softmax no longer overlaps the GEMM; it does not
+        move it across the loop's back edge. For the same reason O is rescaled by the previous
+        factors between the two issues (while Q K^T runs), not after a wait. Without ping-pong
+        this overlap is the only one, and the order wins (head dim 256: 5% over the other).
         Returns the K/V stage just used for K and the V stage of the P V now in flight.
         """
+        self.finish_pv(ops, v_pending, pending)
         v_state = kv_state.clone()
         kv_state.advance()
         ops.pipeline_k.consumer_wait(kv_state)
         self.wait_turn(ops)
         gemm_issue(make_tiled_mma_qk, ops.acc_S, ops.tSrQ, ops.tSrK[None, None, None, kv_state.index], True)
+        self.rescale_o(ops)
         ops.pipeline_v.consumer_wait(v_state)
         gemm_issue(make_tiled_mma_pv, ops.acc_O, ops.tOrP, ops.tOrVt[None, None, None, v_state.index], False)
         self.pass_turn(ops)
@@ -683,10 +682,6 @@ class FlashAttentionForward:
             self.apply_mask(ops, acc_S_mn, tile_pos, n_block)
         # An unmasked tile gives every row a finite max: no -inf guard needed.
         self.softmax_step(ops, acc_S_mn, False, masked)
-        warpgroup.wait_group(0)
-        self.release_v(ops, v_state)
-        convert_fragment(ops.acc_S, ops.tOrP)
-        self.rescale_o(ops)
         return kv_state, v_state
 
     @cute.jit
@@ -716,6 +711,8 @@ class FlashAttentionForward:
         if const_expr(not O_SHARES_Q):
             # Every Q K^T GEMM of this warpgroup has completed: the next tile's Q may come in.
             ops.pipeline_q.consumer_release(q_state)
+        self.finish_pv(ops, v_pending, pending)
+        self.rescale_o(ops)
         ops.pipeline_v.consumer_wait(kv_state)
         gemm_issue(make_tiled_mma_pv, ops.acc_O, ops.tOrP, ops.tOrVt[None, None, None, kv_state.index], False)
         warpgroup.wait_group(0)
