@@ -67,10 +67,14 @@ def check_transposed(vt: torch.Tensor, k: torch.Tensor, head_dim_v: int) -> None
         raise InputError(f"a pre-transposed v must have transpose_v's strides {storage}; got {vt.stride()}")
 
 
+# The widest V row the transpose kernel's shared memory holds (its MAX_WORDS 32-bit words).
+TRANSPOSE_MAX_DIM = 256
+
+
 def _kernel_ready(v: torch.Tensor) -> bool:
-    """A CUDA tensor whose rows the kernel reads as whole 16-byte words."""
+    """A CUDA tensor whose rows the kernel reads as whole 16-byte words, d up to TRANSPOSE_MAX_DIM."""
     return (v.is_cuda and v.stride(-1) == 1 and v.data_ptr() % 16 == 0 and v.shape[-1] % 16 == 0
-            and all(s % 16 == 0 for s in v.stride()[:-1]) and v.numel() > 0)
+            and v.shape[-1] <= TRANSPOSE_MAX_DIM and all(s % 16 == 0 for s in v.stride()[:-1]) and v.numel() > 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,7 +83,8 @@ def _transpose_kernel(arch: str):
     from .render import environment
     from .version import __version__
 
-    source = environment().get_template("common/transpose_v.py.j2").render(fa_gen_version=__version__)
+    source = environment().get_template("common/transpose_v.py.j2").render(fa_gen_version=__version__,
+                                                                         max_words=TRANSPOSE_MAX_DIM // 4)
     return load_helper_kernel(source, "transpose_v", "transpose_v", arch)
 
 
