@@ -141,6 +141,9 @@ def descale_tensor(name: str, value, batch: int, heads_kv: int, device) -> torch
         # A fill on the device: no host-to-device copy on the call path.
         return torch.full((batch, heads_kv), float(value), dtype=torch.float32, device=device)
     t = value
+    if (t.dtype == torch.float32 and t.shape == (batch, heads_kv) and t.is_contiguous()
+            and t.device == torch.device(device)):
+        return t  # already what the kernel reads: no host work beyond these checks
     if not t.is_floating_point():
         raise InputError(f"{name} must be a float tensor or number; got dtype {t.dtype}")
     try:
