@@ -78,14 +78,15 @@ def _kernel_ready(v: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _transpose_kernel(arch: str):
+def _transpose_kernel(arch: str, varlen: bool = False):
     from .helper_kernels import load_helper_kernel
     from .render import environment
     from .version import __version__
 
-    source = environment().get_template("common/transpose_v.py.j2").render(fa_gen_version=__version__,
-                                                                         max_words=TRANSPOSE_MAX_DIM // 4)
-    return load_helper_kernel(source, "transpose_v", "transpose_v", arch)
+    source = environment().get_template("common/transpose_v.py.j2").render(
+        fa_gen_version=__version__, max_words=TRANSPOSE_MAX_DIM // 4, varlen=varlen)
+    name = "transpose_v_varlen" if varlen else "transpose_v"
+    return load_helper_kernel(source, name, name, arch)
 
 
 def _transpose_torch(v: torch.Tensor) -> torch.Tensor:
@@ -108,7 +109,8 @@ def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int)
     offsets[b] (int32, batch + 1 on the device), its region rounded up to whole `tile_n`-key tiles
     and zero past its keys (a key tile's load never reaches the next sequence), each 32-key block in
     key_order(). Device ops only (no host synchronisation): the slots are an upper bound made from
-    shapes, total_k + batch * (tile_n - 1), rounded up to 32."""
+    shapes, total_k + batch * (tile_n - 1), rounded up to 32. On a GPU one kernel launch after the
+    offsets' three small ops (templates/common/transpose_v.py.j2, varlen); PyTorch ops elsewhere."""
     total, heads, dim = v.shape
     batch = cu_seqlens_k.shape[0] - 1
     device = v.device
@@ -117,6 +119,24 @@ def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int)
     offsets = torch.zeros(batch + 1, dtype=torch.int64, device=device)
     offsets[1:] = torch.cumsum(regions, 0)
     slots = padded_keys(total + batch * (tile_n - 1))
+    if batch and total and _kernel_ready(v) and tile_n % KEY_BLOCK == 0:
+        # One launch: each 32-slot block bisects the offsets for its sequence (templates/common/transpose_v.py.j2).
+        from .archs import arch_for_capability
+
+        arch = arch_for_capability(*torch.cuda.get_device_capability(device))
+        vt = torch.empty(heads, dim, slots, dtype=E4M3, device=device)
+        offsets = offsets.to(torch.int32)
+        _transpose_kernel(arch, True)(v.view(torch.int32).unsqueeze(0), vt.view(torch.int32).unsqueeze(0), offsets,
+                                      cu_seqlens_k, max(batch - 1, 1).bit_length())
+        return vt.permute(2, 0, 1), offsets
+    return _transpose_varlen_torch(v, cu_seqlens_k, lengths, offsets, slots)
+
+
+def _transpose_varlen_torch(v, cu_seqlens_k, lengths, offsets, slots):
+    """transpose_v_varlen's V^T in PyTorch ops: every slot's source row gathered, then one permuted copy."""
+    total, heads, dim = v.shape
+    batch = cu_seqlens_k.shape[0] - 1
+    device = v.device
     slot = torch.arange(slots, device=device)
     sequence = torch.searchsorted(offsets[1:], slot, right=True).clamp(max=max(batch - 1, 0))
     position = slot - offsets[sequence]

@@ -179,6 +179,28 @@ def test_transpose_kernel_matches_the_pytorch_layout(shape):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
+@pytest.mark.parametrize("lengths, dim, tile_n", [
+    ([0, 1, 70, 33, 128, 0], 128, 224),
+    ([517], 80, 64),
+    ([5, 0, 0, 300, 1, 31, 32, 33, 64, 1000] * 7, 256, 128),   # 70 sequences: bisection over many regions
+    ([0, 0, 3], 16, 32),
+])
+def test_varlen_transpose_kernel_matches_the_pytorch_layout(lengths, dim, tile_n):
+    """The varlen flavour of templates/common/transpose_v.py.j2 writes every slot (regions, their
+    zero padding, the slots past the last region) bit for bit as fa_gen.fp8's PyTorch path, also for
+    V strided over heads."""
+    g = torch.Generator(device="cuda").manual_seed(len(lengths) + dim)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    wide = (torch.randn(int(cu[-1]), 4, dim, generator=g, device="cuda") * 50).to(fp8.E4M3)
+    for v in (wide[:, :-1].contiguous(), wide[:, 1:]):
+        assert fp8._kernel_ready(v)
+        got, offsets = fp8.transpose_v_varlen(v, cu, tile_n)
+        lengths64 = (cu[1:] - cu[:-1]).to(torch.int64)
+        want, want_offsets = fp8._transpose_varlen_torch(v, cu, lengths64, offsets.to(torch.int64), got.shape[0])
+        assert torch.equal(offsets, want_offsets) and got.shape == want.shape and got.stride() == want.stride()
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_pretransposed_v_gives_the_same_result():
     """V in the kernel's layout (fa_gen.fp8.transpose_v, made once) is taken as it is: same bits."""
     spec = SPECS[0]
