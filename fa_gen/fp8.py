@@ -102,7 +102,8 @@ def _transpose_torch(v: torch.Tensor) -> torch.Tensor:
     return vt.view(E4M3).permute(0, 3, 1, 2)
 
 
-def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int,
+                       arch: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A packed batch's V (total_k, heads, d) e4m3 -> (V^T, offsets) for the varlen fp8 forward.
 
     V^T is a (slots, heads, d) view with the keys contiguous; sequence b's keys start at slot
@@ -110,7 +111,8 @@ def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int)
     and zero past its keys (a key tile's load never reaches the next sequence), each 32-key block in
     key_order(). Device ops only (no host synchronisation): the slots are an upper bound made from
     shapes, total_k + batch * (tile_n - 1), rounded up to 32. On a GPU one kernel launch after the
-    offsets' three small ops (templates/common/transpose_v.py.j2, varlen); PyTorch ops elsewhere."""
+    offsets' three small ops (templates/common/transpose_v.py.j2, varlen; compiled for `arch`, by
+    default v's device's); PyTorch ops elsewhere."""
     total, heads, dim = v.shape
     batch = cu_seqlens_k.shape[0] - 1
     device = v.device
@@ -123,7 +125,7 @@ def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int)
         # One launch: each 32-slot block bisects the offsets for its sequence (templates/common/transpose_v.py.j2).
         from .archs import arch_for_capability
 
-        arch = arch_for_capability(*torch.cuda.get_device_capability(device))
+        arch = arch or arch_for_capability(*torch.cuda.get_device_capability(device))
         vt = torch.empty(heads, dim, slots, dtype=E4M3, device=device)
         offsets = offsets.to(torch.int32)
         _transpose_kernel(arch, True)(v.view(torch.int32).unsqueeze(0), vt.view(torch.int32).unsqueeze(0), offsets,

@@ -212,7 +212,7 @@ def forward_varlen_fp8(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     if q.shape[0] == 0 or batch == 0:
         return out, lse.fill_(-math.inf)
     kern = inference_kernel(spec, arch, "forward_varlen")
-    vt, offsets = fp8.transpose_v_varlen(v, cu_seqlens_k, kern.tile_n)
+    vt, offsets = fp8.transpose_v_varlen(v, cu_seqlens_k, kern.tile_n, arch)
     scales = fp8.descale_tensors(descales, batch, heads_kv, q.device)
     kern.function(q, k, vt, out, lse, *scales, offsets, cu_seqlens_q, cu_seqlens_k, cu_seqlens_k, 0,
                   max(int(max_seqlen_q), 1), *extra)
