@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fa_gen.errors import InputError, UnsupportedError
-from fa_gen.runtime import BuildInfo, Kernel, build
+from fa_gen.runtime import BuildInfo, Kernel, _layout_key, build
 from fa_gen.spec_load import load_spec
 
 
@@ -24,7 +24,7 @@ def qkv(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dv=64, dtype=torch.bfloat16):
             torch.randn(b, sk, hkv, dv, dtype=dtype))
 
 
-@pytest.mark.parametrize("mutate,message", [
+BAD_INPUTS = [
     (lambda q, k, v: (q.half(), k, v), "q has dtype torch.float16"),
     (lambda q, k, v: (q[0], k, v), "q must be 4-D"),
     (lambda q, k, v: (q, k[..., :32], v), "q and k head_dim must be 64"),
@@ -38,7 +38,10 @@ def qkv(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dv=64, dtype=torch.bfloat16):
     (lambda q, k, v: (q, k[:, :0], v[:, :0]), "seqlen_k must be at least 1"),
     (lambda q, k, v: ("q", k, v), "q must be a torch.Tensor"),
     (lambda q, k, v: (q, k, v), "fa_gen kernels need CUDA tensors"),
-])
+]
+
+
+@pytest.mark.parametrize("mutate,message", BAD_INPUTS)
 def test_bad_inputs_are_named(kernel, mutate, message):
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         kernel(*mutate(*qkv()))
@@ -80,3 +83,26 @@ def test_a_broadcast_view_is_named_as_such(kernel):
     q, k, v = qkv(hkv=1)
     with pytest.raises(InputError, match="broadcast view"):
         kernel.forward(q, k.expand(2, 7, 4, 64), v.expand(2, 7, 4, 64))
+
+
+@pytest.mark.parametrize("mutate,message", BAD_INPUTS[:-1])
+def test_a_checked_layout_skips_the_checks_and_no_bad_input_shares_it(kernel, mutate, message):
+    """Kernel._check remembers the layouts that passed; a layout it remembers skips the checks
+    (here one passed by hand: on a CPU nothing passes), and each bad input above differs from it
+    in what the key holds, so it is still checked and refused."""
+    good = qkv()
+    kernel._checked.add(_layout_key(*good))
+    kernel(*good)
+    assert len(kernel.calls) == 1
+    bad = mutate(*good)
+    assert _layout_key(*bad) != _layout_key(*good)
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        kernel(*bad)
+    assert len(kernel.calls) == 1
+
+
+def test_layout_key_tells_alignment_apart():
+    base = torch.randn(2, 7, 2, 72, dtype=torch.bfloat16)
+    aligned, shifted = base[..., :64], base[..., 4:68]   # same shape and strides, data 8 bytes apart
+    assert _layout_key(aligned) != _layout_key(shifted)
+    assert _layout_key("q") is None
