@@ -116,10 +116,11 @@ def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int,
     total, heads, dim = v.shape
     batch = cu_seqlens_k.shape[0] - 1
     device = v.device
-    lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
-    regions = (lengths + tile_n - 1) // tile_n * tile_n
-    offsets = torch.zeros(batch + 1, dtype=torch.int64, device=device)
-    offsets[1:] = torch.cumsum(regions, 0)
+    # Regions of whole key tiles and their offsets: five small ops, int32 (total_k fits).
+    lengths = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    regions = (lengths + (tile_n - 1)).div_(tile_n, rounding_mode="floor").mul_(tile_n)
+    offsets = cu_seqlens_k.new_zeros(batch + 1)
+    torch.cumsum(regions, 0, dtype=torch.int32, out=offsets[1:])
     slots = padded_keys(total + batch * (tile_n - 1))
     if batch and total and _kernel_ready(v) and tile_n % KEY_BLOCK == 0:
         # One launch: each 32-slot block bisects the offsets for its sequence (templates/common/transpose_v.py.j2).
@@ -127,11 +128,10 @@ def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int,
 
         arch = arch or arch_for_capability(*torch.cuda.get_device_capability(device))
         vt = v.new_empty((heads, dim, slots), dtype=E4M3)
-        offsets = offsets.to(torch.int32)
         _transpose_kernel(arch, True)(v.view(torch.int32).unsqueeze(0), vt.view(torch.int32).unsqueeze(0), offsets,
                                       cu_seqlens_k, max(batch - 1, 1).bit_length())
         return vt.permute(2, 0, 1), offsets
-    return _transpose_varlen_torch(v, cu_seqlens_k, lengths, offsets, slots)
+    return _transpose_varlen_torch(v, cu_seqlens_k, lengths.to(torch.int64), offsets.to(torch.int64), slots)
 
 
 def _transpose_varlen_torch(v, cu_seqlens_k, lengths, offsets, slots):
