@@ -36,12 +36,12 @@ from fa_gen.spec_load import load_spec  # noqa: E402
 from fa_gen.timing import attention_flops, median_ms  # noqa: E402
 
 TOKENS, HIDDEN, REPEATS = 16 * 1024, 2048, 30
-# fp8 tile variants (spec tuning of the sm90 family) tried with --sweep, per head dim. 128 x 224
-# (the widest key tile whose S, P and O fit two consumer warpgroups' registers at d128; compiles
-# without spills, session 21) is not yet measured.
-SWEEP = {128: [{"pingpong": 1}, {"tile_n": 192}, {"tile_n": 224}, {"tile_n": 224, "pingpong": 1},
-               {"tile_m": 192, "tile_n": 96}, {"tile_m": 192, "tile_n": 64}],
-         256: [{"pingpong": 1}]}
+# fp8 tile variants (spec tuning of the sm90 family, on top of the default tiles) tried with --sweep,
+# per head dim: the previous defaults (d128 128 x 128 ping-pong), and a share of the exponentials on
+# the FMA pipe (exp2_fma: the MUFU pipe carries the exponentials and P's conversions; session 22).
+SWEEP = {128: [{"pingpong": 2}, {"tile_n": 128, "pingpong": 2}, {"exp2_fma": 2}, {"exp2_fma": 4},
+               {"exp2_fma": 6}],
+         256: [{"pingpong": 1}, {"exp2_fma": 2}, {"exp2_fma": 4}]}
 
 
 def fp8_spec(head_dim: int, causal: bool, tuning: dict | None = None):

@@ -70,3 +70,47 @@ def test_stale_max_reaches_the_softmax_and_shrinks_the_fp8_shift(tmp_path, monke
     assert "<= Float32(4.0) else new_max" in fp8_on and "P_SHIFT = 4.0" in fp8_on and "P_UNSHIFT = 0.0625" in fp8_on
     fp8_off = render(spec_from_yaml_text("name: t\ndtype: fp8_e4m3\nhead_dim: 128\n", "t.yaml"), "sm_90a").text
     assert "vote_any_sync" not in fp8_off and "P_SHIFT = 8.0" in fp8_off and "P_UNSHIFT = 0.00390625" in fp8_off
+
+
+def test_exp2_fma_puts_a_share_of_the_exponentials_on_the_fma_pipe(tmp_path, monkeypatch):
+    """exp2_fma N: of every 16 columns, the last N take exp2_cubic in steps without -inf; the render
+    compiles for sm_90a (fp8 d128, 128 x 224), with fewer MUFU instructions than without; odd
+    counts are refused."""
+    import re
+
+    from fa_gen.backends.cute_dsl import compile_to_object
+    from fa_gen.sass import disassemble
+
+    fp8 = "name: t\ndtype: fp8_e4m3\nhead_dim: 128\n"
+    plain = render(spec_from_yaml_text(fp8, "t.yaml"), "sm_90a").text
+    tuned = render(spec_from_yaml_text(fp8 + "tuning:\n  sm90: {exp2_fma: 4}\n", "t.yaml"), "sm_90a").text
+    assert "def exp2_cubic" not in plain and "def exp2_cubic" in tuned
+    assert "if const_expr(not check_inf and c % 16 >= 12):" in tuned
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    mufu = {}
+    for name, text in (("plain", plain), ("tuned", tuned)):
+        compile_to_object(text, "sm_90a", tmp_path / f"{name}.o", label=name)
+        mufu[name] = len(re.findall(r"\bMUFU\.EX2\b", disassemble(tmp_path / f"{name}.o")))
+    assert 0 < mufu["tuned"] < mufu["plain"]
+    with pytest.raises(SpecError, match="exp2_fma 3 must be an even count"):
+        spec_from_yaml_text(BASE + "tuning:\n  sm90: {exp2_fma: 3}\n", "t.yaml")
+
+
+def test_exp2_cubic_is_within_its_stated_error():
+    """common/softmax.j2's exp2_cubic, emulated in float32 with the template's own constants:
+    relative error below 8e-5 from -125 to 126."""
+    import re
+    import struct
+
+    import torch
+
+    from fa_gen.render import environment
+
+    text = environment().from_string('{% import "common/softmax.j2" as s %}{{ s.define_exp2_cubic() }}').render()
+    low, magic, _, c3, c2, c1, c0 = (struct.unpack(">f", bytes.fromhex(h))[0] for h in re.findall(r"0f([0-9A-F]{8})", text))
+    x = torch.linspace(-125, 126, 400001, dtype=torch.float32).clamp(min=low)
+    t = x + magic
+    f = x - (t - magic)
+    p = ((c3 * f + c2) * f + c1) * f + c0
+    got = (p.view(torch.int32) + (t.view(torch.int32) << 23)).view(torch.float32).double()
+    assert ((got / torch.exp2(x.double()) - 1).abs().max()) < 8e-5

@@ -91,6 +91,10 @@ class TileConfig:
     # enters the GEMM as 2^FP8_P_SHIFT times the probability, the threshold is
     # STALE_MAX_LOG2_FP8 and P's shift shrinks by as much (e4m3 reaches 448).
     stale_max: int = 1
+    # Of every 16 score columns a thread holds, how many take a cubic exp2 on the FMA and ALU
+    # pipes (common/softmax.j2 exp2_cubic) instead of the MUFU's, in steps without -inf: for
+    # kernels whose exponentials (and P's conversions) bound a step, fp8 d128's. 0: none.
+    exp2_fma: int = 0
 
     @property
     def pingpong_on(self) -> bool:
@@ -337,7 +341,8 @@ class Sm90Family(Family):
         return [(self.archs, "L1 (float64 reference, hypothesis) on H100 and H200")]
     backend = "cute_dsl"
     tuning_params = ("tile_m", "tile_n", "num_stages", "pingpong", "l2_kv_mb", "persist_m_blocks",
-                     "persist_l2_groups", "persist_l2_mb", "short_l2_kv_mb", "stale_max")
+                     "persist_l2_groups", "persist_l2_mb", "short_l2_kv_mb", "stale_max",
+                     "exp2_fma")
     # The backward kernel (fa_gen/families/sm90_backward.py); head dims it does not fit drop out
     # of kernel_files, and their backward goes to the next family (fa_gen.backward.backward_family).
     # The forward of short causal-like sequences (SHORT_KIND) is the same template with its own tiles.
@@ -496,6 +501,8 @@ def _tile_reasons(cfg: TileConfig, spec: Spec, arch: str) -> list[str]:
         reasons.append(f"tuning: pingpong {cfg.pingpong} must be 1 (off) or 2 (on)")
     if cfg.stale_max not in (1, 2):
         reasons.append(f"tuning: stale_max {cfg.stale_max} must be 1 (off) or 2 (on)")
+    if not 0 <= cfg.exp2_fma <= 16 or cfg.exp2_fma % 2:
+        reasons.append(f"tuning: exp2_fma {cfg.exp2_fma} must be an even count of columns of 16 (2 to 16)")
     if cfg.persist_l2_groups not in (1, 2):
         reasons.append(f"tuning: persist_l2_groups {cfg.persist_l2_groups} must be 1 (off) or 2 (on)")
     if cfg.persist_l2_mb < 0:
