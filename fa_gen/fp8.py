@@ -111,7 +111,7 @@ def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int,
     and zero past its keys (a key tile's load never reaches the next sequence), each 32-key block in
     key_order(). Device ops only (no host synchronisation): the slots are an upper bound made from
     shapes, total_k + batch * (tile_n - 1), rounded up to 32. On a GPU one kernel launch after the
-    offsets' three small ops (templates/common/transpose_v.py.j2, varlen; compiled for `arch`, by
+    offsets' five small ops (templates/common/transpose_v.py.j2, varlen; compiled for `arch`, by
     default v's device's); PyTorch ops elsewhere."""
     total, heads, dim = v.shape
     batch = cu_seqlens_k.shape[0] - 1
@@ -119,10 +119,11 @@ def transpose_v_varlen(v: torch.Tensor, cu_seqlens_k: torch.Tensor, tile_n: int,
     # Regions of whole key tiles and their offsets: five small ops, int32 (total_k fits).
     lengths = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     regions = (lengths + (tile_n - 1)).div_(tile_n, rounding_mode="floor").mul_(tile_n)
-    offsets = cu_seqlens_k.new_zeros(batch + 1)
+    offsets = cu_seqlens_k.new_zeros(batch + 1, dtype=torch.int32)
     torch.cumsum(regions, 0, dtype=torch.int32, out=offsets[1:])
     slots = padded_keys(total + batch * (tile_n - 1))
-    if batch and total and _kernel_ready(v) and tile_n % KEY_BLOCK == 0:
+    if (batch and total and _kernel_ready(v) and tile_n % KEY_BLOCK == 0 and cu_seqlens_k.dtype == torch.int32
+            and cu_seqlens_k.is_contiguous()):
         # One launch: each 32-slot block bisects the offsets for its sequence (templates/common/transpose_v.py.j2).
         from .archs import arch_for_capability
 
