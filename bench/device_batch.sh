@@ -22,7 +22,8 @@
 #                                             load time and the forward L1 suite (fast load is the default)
 #   bash bench/device_batch.sh COMMIT dropout  dropout speed rows: p = 0.1 vs p = 0 vs FA2 (bench/bench_dropout.py)
 #   bash bench/device_batch.sh COMMIT fp8     the fp8 forward: its L1 suite, then TFLOP/s beside fa_gen bf16, cuDNN and FA4
-#                                             with the tile sweep (bench/bench_fp8.py --sweep)
+#                                             with the tile sweep (bench/bench_fp8.py --sweep), then the V
+#                                             transposes' speed and the fp8 call's GPU and host time
 #   bash bench/device_batch.sh COMMIT ring    context parallelism on every GPU of the host: the NCCL ring against the
 #                                             simulated one (tests/test_gpu_ring_nccl.py), then throughput (torchrun; bench/bench_ring.py)
 #   bash bench/device_batch.sh COMMIT e2e     a 1B Llama-style model in transformers, fa_gen vs SDPA:
@@ -64,6 +65,7 @@ elif [[ $part == fp8 ]]; then
   python -m pytest -q -p no:cacheprovider tests/test_gpu_fp8.py > "$out/test_gpu_fp8.log" 2>&1
   echo "test_gpu_fp8: $(tail -1 "$out/test_gpu_fp8.log")"
   python bench/bench_fp8.py --commit "$commit" --out "$out" --sweep "$@" 2>&1 | tee "$out/bench_fp8.log"
+  python bench/transpose_v_speed.py 2>&1 | tee "$out/transpose_v_speed.log"
 elif [[ $part == dropout ]]; then
   python bench/bench_dropout.py --commit "$commit" --out "$out" "$@" 2>&1 | tee "$out/bench_dropout.log"
 elif [[ $part == mla ]]; then
