@@ -2,7 +2,7 @@
 
     ncu --kernel-name regex:FlashAttention --launch-skip 2 --launch-count 1 --section ComputeWorkloadAnalysis \
         --section WarpStateStats --section SchedulerStats --section InstructionStats \
-        python bench/profile_fp8.py [--head-dim 128] [--dtype fp8|bf16]
+        python bench/profile_fp8.py [--head-dim 128] [--dtype fp8|bf16] [--tuning pingpong=2,tile_n=224]
 
 Shape: batch 2, seqlen 8k, 16 heads, non-causal (a bench/bench_fp8.py cell); three launches.
 """
@@ -26,11 +26,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", choices=("fp8", "bf16"), default="fp8")
+    parser.add_argument("--tuning", default="", help='sm90 tuning, e.g. "pingpong=2,tile_n=224"')
     args = parser.parse_args()
+    tuning = {key: int(value) for key, value in (item.split("=") for item in args.tuning.split(",") if item)}
     d = args.head_dim
     heads = 2048 // d
     dtype = "fp8_e4m3" if args.dtype == "fp8" else "bf16"
-    kernel = build(load_spec({"name": f"profile_{dtype}_d{d}", "dtype": dtype, "head_dim": d, "mask": "none"}))
+    fields = {"name": f"profile_{dtype}_d{d}", "dtype": dtype, "head_dim": d, "mask": "none"}
+    kernel = build(load_spec({**fields, "tuning": {"sm90": tuning}} if tuning else fields))
     q, k, v = (torch.randn(2, 8192, heads, d, device="cuda") for _ in range(3))
     if args.dtype == "fp8":
         q, k, v = (x.clamp(-448, 448).to(fp8.E4M3) for x in (q, k, v))
