@@ -16,6 +16,7 @@ between trees; the anchors' rows show the machine's drift between rounds.
 
 --bench decode runs bench/bench_decode.py (GB/s; pass e.g. `-- --parts paged --cells ...`);
 --bench forward runs bench/bench_forward.py (TFLOP/s; e.g. `-- --seqlens 512,1024 --impls fa_gen,fa4`).
+--metric picks another result field, e.g. tflops_back_to_back with `-- --backward ...`.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def run_once(tree: Path, script: str, args: list[str], out: Path) -> dict:
     return json.loads(reports[-1].read_text())
 
 
-def compare(trees: list[Path], bench: str, rounds: int, args: list[str]) -> dict:
-    script, metric = BENCHES[bench]
+def compare(trees: list[Path], bench: str, rounds: int, args: list[str], metric: str | None = None) -> dict:
+    script, default_metric = BENCHES[bench]
+    metric = metric or default_metric
     values: dict[int, dict[tuple[str, str], list[float]]] = {0: {}, 1: {}}
     with tempfile.TemporaryDirectory(prefix="ab_sources_") as workdir:
         for r in range(rounds):
@@ -108,16 +110,20 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--rounds", type=int, default=3)
     run.add_argument("--bench", choices=sorted(BENCHES), default="decode")
     run.add_argument("--json", type=Path, help="also write the table here")
+    run.add_argument("--metric", default=None,
+                     help="the result field compared (default gbps / tflops; e.g. tflops_back_to_back for "
+                          "bench_forward.py --backward, the GPU's time without the per-call host time)")
     options = parser.parse_args(argv)
     if options.command == "prepare":
         print(prepare(options.commit))
         return
-    table = compare([options.a, options.b], options.bench, options.rounds, extra)
+    table = compare([options.a, options.b], options.bench, options.rounds, extra, options.metric)
     print(f"{'cell impl':60s} {'A':>10s} {'B':>10s} {'B/A':>6s}   (A = {options.a}, B = {options.b})")
     for name, row in table.items():
         print(f"{name:60s} {row['a']:10.1f} {row['b']:10.1f} {row['b/a']:6.3f}")
     if options.json:
         options.json.write_text(json.dumps({"a": str(options.a), "b": str(options.b), "rounds": options.rounds,
+                                            "metric": options.metric or BENCHES[options.bench][1],
                                             "args": extra, "table": table}, indent=1))
 
 
