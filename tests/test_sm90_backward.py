@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fa_gen.backward import backward_family
-from fa_gen.families import sm90_backward
+from fa_gen.families import base, sm90_backward
 from fa_gen.families.sm90 import Sm90Family
 from fa_gen.spec_load import load_spec
 
@@ -89,21 +89,21 @@ def test_keys_on_n_and_single_pds_buffer_are_refused_outside_their_layout(kwargs
         sm90_backward.BackwardTileConfig(64, 2, **kwargs)
 
 
-def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, int, int]):
-    """Run the rendered kernel's key_tile_of_cta (templates/sm90/backward_scheduler.j2) on the CPU
-    for every CTA of `grid`, in launch order: [(n_block, head_kv, batch), ...]."""
-    import textwrap
+def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, int, int], arch: str = "sm_90a"):
+    """Run the rendered backward's key_tile_of_cta (templates/common/backward.j2) on the CPU for
+    every CTA of `grid`, in launch order: [(n_block, head_kv, batch), ...]; None where the
+    kernel keeps the grid's own order."""
     import types
 
     from fa_gen.render import render_target
     from fa_gen.target import resolve_target
 
     spec = load_spec({"name": f"order_{head_dim}", "dtype": "bf16", "head_dim": head_dim, "mask": mask})
-    text = render_target(resolve_target(spec, "sm_90a", "backward")).text
-    if "def key_tile_of_cta" not in text:
+    text = render_target(resolve_target(spec, arch, "backward")).text
+    if "\ndef key_tile_of_cta" not in text:
         return None
-    body = text.split("    def key_tile_of_cta", 1)[1].split("\n\n", 1)[0]
-    source = textwrap.dedent("def key_tile_of_cta" + body)
+    assert "= key_tile_of_cta(" in text
+    source = "def key_tile_of_cta" + text.split("\ndef key_tile_of_cta", 1)[1].split("\n\n", 1)[0]
     current = {}
     arch = types.SimpleNamespace(block_idx=lambda: current["idx"], grid_dim=lambda: grid)
     namespace = {"cute": types.SimpleNamespace(arch=arch), "cutlass": types.SimpleNamespace(max=max, min=min),
@@ -114,18 +114,19 @@ def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, 
         for y in range(grid[1]):
             for x in range(grid[0]):
                 current["idx"] = (x, y, z)
-                order.append(namespace["key_tile_of_cta"](None, seqlen_q, group))
+                order.append(namespace["key_tile_of_cta"](seqlen_q, group))
     return order
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 @pytest.mark.parametrize("head_dim,seqlen_q,group,grid", [
     (128, 2048, 1, (16, 16, 8)),      # 16 heads a group: 8 groups
     (128, 8192, 4, (64, 2, 5)),       # one K/V head a group (budget below one head)
     (64, 1000, 2, (8, 3, 7)),         # a partial last group
     (256, 16384, 1, (256, 16, 1)),
 ])
-def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(head_dim, seqlen_q, group, grid):
-    order = _cta_order(head_dim, "causal", seqlen_q, group, grid)
+def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(arch, head_dim, seqlen_q, group, grid):
+    order = _cta_order(head_dim, "causal", seqlen_q, group, grid, arch)
     num_n, heads_kv, batch = grid
     # Every key tile of every head exactly once.
     assert sorted(order) == sorted((n, h, b) for b in range(batch) for h in range(heads_kv) for n in range(num_n))
@@ -135,12 +136,13 @@ def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(head_di
             assert [n for n, hh, bb in order if (hh, bb) == (h, b)] == list(range(num_n))
     # Groups of heads whose Q, dO and dQ rows fit the L2 budget walk their key tiles in step.
     row_bytes = head_dim * 2 * 2 + head_dim * 4
-    group_heads = max(sm90_backward.CAUSAL_L2_HEADS_MB * 2**20 // row_bytes // (seqlen_q * group), 1)
+    group_heads = max(base.CAUSAL_L2_HEADS_MB * 2**20 // row_bytes // (seqlen_q * group), 1)
     first = order[:min(group_heads, heads_kv * batch)]
     assert {n for n, _, _ in first} == {0} and len({(h, b) for _, h, b in first}) == len(first)
 
 
-def test_backward_grid_order_stays_head_by_head_without_a_causal_mask():
-    assert _cta_order(128, "none", 2048, 1, (16, 2, 2)) is None
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_backward_grid_order_stays_head_by_head_without_a_causal_mask(arch):
+    assert _cta_order(128, "none", 2048, 1, (16, 2, 2), arch) is None
     window = {"kind": "sliding_window", "left": 1023, "right": 0}
-    assert _cta_order(128, window, 2048, 1, (16, 2, 2)) is None
+    assert _cta_order(128, window, 2048, 1, (16, 2, 2), arch) is None

@@ -4,6 +4,21 @@ from __future__ import annotations
 
 from ..spec import Spec
 
+# Causal-like masks: MB of L2 that a group of K/V heads' Q, dO and dQ accumulator rows may take
+# in the backward's CTA order (backward_order_context). 24 MB on an H100: d128 causal 2k / 4k /
+# 8k 332 / 414 / 481 -> 352 / 455 / 501 TFLOP/s against head by head (sm90, trees alternated,
+# bench/results/2026-11-27-5a7513f-ab-bwd-causal-lpt-h100.json).
+CAUSAL_L2_HEADS_MB = 24
+
+
+def backward_order_context(spec: Spec, head_dim_qk: int, head_dim_v: int, varlen: bool) -> dict:
+    """Render context of the backward grid's order (common/backward.j2 define_key_tile_of_cta):
+    fixed-length causal-like masks (no left window, no mask expression) run their key tiles
+    longest first in L2-sized groups of heads; others keep the grid's order (0 MB)."""
+    causal_like = spec.window_left is None and spec.window_right is not None and spec.mask_expr is None
+    return {"bwd_l2_heads_mb": CAUSAL_L2_HEADS_MB if causal_like and not varlen else 0,
+            "bwd_qk": head_dim_qk, "bwd_v": head_dim_v}
+
 
 class Family:
     """One template family (one hardware generation). Subclasses override what differs."""

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 from ..arch_table import arch_info
 from ..spec import Spec
+from .base import backward_order_context
 from .expressions import backward_expression_context
 from .warp_tiles import padded_head_dim
 
@@ -39,9 +40,6 @@ _MAX_ACCUMULATORS = 192
 # Keys per CTA of the keys-on-N layout: 48 per warpgroup (a wgmma N), dK^T and dV^T of 48 keys
 # over the whole head dim per thread group.
 KEYS_ON_N_TILE = 96
-# Causal-like masks: MB of L2 a group of K/V heads' Q, dO and dQ accumulators may take in the
-# backward's CTA order (kind_context's bwd_l2_heads_mb).
-CAUSAL_L2_HEADS_MB = 24
 # Query-tile rows the runtime pads the workspaces to (fa_gen.backward.ROW_ALIGN): tile_m divides it.
 _ROW_ALIGN = 128
 _SMEM_OVERHEAD = 1024
@@ -215,13 +213,8 @@ def kind_context(spec: Spec, arch: str, dropout: bool = False) -> dict:
         # end together: then last to first, so that in deterministic mode the CTAs of a query
         # tile add their dQ in key-tile order after a short skew (as the sm80 backward does).
         "bwd_ascending": spec.window_right is None,
-        # Causal-like masks, fixed-length batches: the grid's CTAs in groups of K/V heads whose
-        # Q, dO and dQ accumulators fit this many MB of L2, key tiles slow within a group
-        # (sm90/backward_scheduler.j2 key_tile_of_cta); 0 (others): key tiles fast, head by head.
-        "bwd_l2_heads_mb": (CAUSAL_L2_HEADS_MB if spec.window_left is None and spec.window_right is not None
-                            and spec.mask_expr is None else 0),
-        "bwd_qk": padded_dims(spec)[0],
-        "bwd_v": padded_dims(spec)[1],
+        # The grid's order (varlen kinds keep theirs: the template checks `varlen`).
+        **backward_order_context(spec, *padded_dims(spec), varlen=False),
         # Per-row LSE and D read from shared memory before the step's GEMMs are issued rather
         # than after them, where their loads queue behind the wgmmas' operand reads (ncu, d128:
         # the first exp2 waited on LSE for 11% of all stall samples). H200 A/Bs: both early,

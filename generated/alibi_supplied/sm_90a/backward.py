@@ -134,6 +134,25 @@ def to_operand(acc: cute.Tensor, operand: cute.Tensor):
 
 
 @cute.jit
+def key_tile_of_cta(seqlen_q: Int32, group: Int32):
+    """(n_block, head_kv, batch) of this CTA: heads in L2-sized groups, key tiles slow, heads fast."""
+    x, y, z = cute.arch.block_idx()
+    num_n, heads_kv, num_batch = cute.arch.grid_dim()
+    tile = x + num_n * (y + heads_kv * z)
+    # Rows of one K/V head's query heads that fit the budget.
+    budget_rows = 24576
+    group_heads = cutlass.max(Int32(budget_rows) // cutlass.max(seqlen_q * group, 1), 1)
+    span = group_heads * num_n
+    first = tile // span
+    rank = tile - first * span
+    heads_here = cutlass.min(group_heads, num_batch * heads_kv - first * group_heads)
+    n_block = rank // heads_here
+    bh = first * group_heads + rank - n_block * heads_here
+    batch = bh // heads_kv
+    return n_block, bh - batch * heads_kv, batch
+
+
+@cute.jit
 def wgmma(make_mma: cutlass.Constexpr, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
           accumulate: cutlass.Constexpr):
     """Issue acc (+)= A @ B over every k block as one wgmma commit group; no wait.
@@ -487,7 +506,8 @@ class FlashAttentionBackward:
 
         # Key tiles of one head run side by side (Q and dO from L2). Longest-first across all heads
         # (causal) was measured slower on an H200: 451 vs 472 TFLOP/s at d128, s = 4k.
-        n_block, head_kv, batch = self.key_tile_of_cta(mQ.shape[0], mQ.shape[2] // mK.shape[2])
+        # Causal-like masks: heads in L2 groups, longest key tiles first (common/backward.j2).
+        n_block, head_kv, batch = key_tile_of_cta(mQ.shape[0], mQ.shape[2] // mK.shape[2])
         work = Operands()
         work.n_block, work.head_kv, work.batch = n_block, head_kv, batch
         work.seqlen_q, work.seqlen_k = mQ.shape[0], mK.shape[0]
@@ -572,24 +592,6 @@ class FlashAttentionBackward:
                 masked = (m_block < work.m_block_free_lo) | (m_block >= work.m_block_free_hi)
                 state = body(context, state, head, m_block, masked)
         return state
-
-    @cute.jit
-    def key_tile_of_cta(self, seqlen_q: Int32, group: Int32):
-        """(n_block, head_kv, batch) of this CTA: grouped heads, key tiles slow, heads fast."""
-        x, y, z = cute.arch.block_idx()
-        num_n, heads_kv, num_batch = cute.arch.grid_dim()
-        tile = x + num_n * (y + heads_kv * z)
-        # L2 rows of Q, dO (16-bit) and the dQ accumulator (fp32) in the budget, over the rows of one K/V head.
-        budget_rows = 24576
-        group_heads = cutlass.max(Int32(budget_rows) // cutlass.max(seqlen_q * group, 1), 1)
-        span = group_heads * num_n
-        first = tile // span
-        rank = tile - first * span
-        heads_here = cutlass.min(group_heads, num_batch * heads_kv - first * group_heads)
-        n_block = rank // heads_here
-        bh = first * group_heads + rank - n_block * heads_here
-        batch = bh // heads_kv
-        return n_block, bh - batch * heads_kv, batch
 
     # ---------------------------------------------------------------------------------------
     # Producer warp: K, V once; Q and dO (with LSE and D rows) per query tile.

@@ -58,7 +58,11 @@ DQ_ATOMIC_WIDTH = 4
 
 
 def rows_cols_view(acc: cute.Tensor) -> cute.Tensor:
-    """View an m16n8 accumulator partition ((2, 2), MMA_M, MMA_N) as ((2, MMA_M), (2, MMA_N))."""
+    """View an m16n8 accumulator partition ((2, 2), MMA_M, MMA_N) as ((2, MMA_M), (2, MMA_N)).
+
+    Within one MMA a thread holds two adjacent columns on two rows eight apart; this puts
+    all of a thread's rows in mode 0 and its columns in mode 1, so r, c index a row and a column.
+    """
     # (cols 2, rows 2, MMA_M, MMA_N) -> (rows 2, MMA_M, cols 2, MMA_N)
     by_rows = cute.select(cute.flatten(acc.layout), mode=[1, 2, 0, 3])
     return cute.make_tensor(acc.iterator, cute.group_modes(cute.group_modes(by_rows, 0, 2), 1, 3))
@@ -69,6 +73,25 @@ def transposed(smem: cute.Tensor, rows: int, cols: int, stages: int = 0) -> cute
     if stages:
         return cute.composition(smem, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols)))
     return cute.composition(smem, cute.make_layout((cols, rows), stride=(rows, 1)))
+
+
+@cute.jit
+def key_tile_of_cta(seqlen_q: Int32, group: Int32):
+    """(n_block, head_kv, batch) of this CTA: heads in L2-sized groups, key tiles slow, heads fast."""
+    x, y, z = cute.arch.block_idx()
+    num_n, heads_kv, num_batch = cute.arch.grid_dim()
+    tile = x + num_n * (y + heads_kv * z)
+    # Rows of one K/V head's query heads that fit the budget.
+    budget_rows = 17873
+    group_heads = cutlass.max(Int32(budget_rows) // cutlass.max(seqlen_q * group, 1), 1)
+    span = group_heads * num_n
+    first = tile // span
+    rank = tile - first * span
+    heads_here = cutlass.min(group_heads, num_batch * heads_kv - first * group_heads)
+    n_block = rank // heads_here
+    bh = first * group_heads + rank - n_block * heads_here
+    batch = bh // heads_kv
+    return n_block, bh - batch * heads_kv, batch
 
 
 @cute.jit
@@ -311,7 +334,7 @@ class FlashAttentionBackward:
         SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head_kv, batch = cute.arch.block_idx()
+        n_block, head_kv, batch = key_tile_of_cta(mQ.shape[1], mQ.shape[2] // mK.shape[2])  # heads in L2 groups, long key tiles first
         seqlen_q = mQ.shape[1]
         seqlen_k = mK.shape[1]
         # GQA/MQA: query heads [head_kv * group, (head_kv + 1) * group) share this K/V head.

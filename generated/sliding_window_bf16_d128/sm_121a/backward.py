@@ -58,7 +58,11 @@ DQ_ATOMIC_WIDTH = 4
 
 
 def rows_cols_view(acc: cute.Tensor) -> cute.Tensor:
-    """View an m16n8 accumulator partition ((2, 2), MMA_M, MMA_N) as ((2, MMA_M), (2, MMA_N))."""
+    """View an m16n8 accumulator partition ((2, 2), MMA_M, MMA_N) as ((2, MMA_M), (2, MMA_N)).
+
+    Within one MMA a thread holds two adjacent columns on two rows eight apart; this puts
+    all of a thread's rows in mode 0 and its columns in mode 1, so r, c index a row and a column.
+    """
     # (cols 2, rows 2, MMA_M, MMA_N) -> (rows 2, MMA_M, cols 2, MMA_N)
     by_rows = cute.select(cute.flatten(acc.layout), mode=[1, 2, 0, 3])
     return cute.make_tensor(acc.iterator, cute.group_modes(cute.group_modes(by_rows, 0, 2), 1, 3))
