@@ -89,7 +89,8 @@ def test_keys_on_n_and_single_pds_buffer_are_refused_outside_their_layout(kwargs
         sm90_backward.BackwardTileConfig(64, 2, **kwargs)
 
 
-def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, int, int], arch: str = "sm_90a"):
+def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, int, int], arch: str = "sm_90a",
+               kind: str = "backward"):
     """Run the rendered backward's key_tile_of_cta (templates/common/backward.j2) on the CPU for
     every CTA of `grid`, in launch order: [(n_block, head_kv, batch), ...]; None where the
     kernel keeps the grid's own order."""
@@ -99,10 +100,12 @@ def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, 
     from fa_gen.target import resolve_target
 
     spec = load_spec({"name": f"order_{head_dim}", "dtype": "bf16", "head_dim": head_dim, "mask": mask})
-    text = render_target(resolve_target(spec, arch, "backward")).text
+    text = render_target(resolve_target(spec, arch, kind)).text
     if "\ndef key_tile_of_cta" not in text:
         return None
-    assert "= key_tile_of_cta(" in text
+    # A packed batch sizes the groups by its longest sequence: the grid's key tiles.
+    call = text.split("= key_tile_of_cta(", 1)[1].split(",", 1)[0]
+    assert ("grid_dim()[0] * TILE_N" in call) == (kind == "backward_varlen"), call
     source = "def key_tile_of_cta" + text.split("\ndef key_tile_of_cta", 1)[1].split("\n\n", 1)[0]
     current = {}
     arch = types.SimpleNamespace(block_idx=lambda: current["idx"], grid_dim=lambda: grid)
@@ -118,6 +121,7 @@ def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, 
     return order
 
 
+@pytest.mark.parametrize("kind", ["backward", "backward_varlen"])
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 @pytest.mark.parametrize("head_dim,seqlen_q,group,grid", [
     (128, 2048, 1, (16, 16, 8)),      # 16 heads a group: 8 groups
@@ -125,8 +129,8 @@ def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, 
     (64, 1000, 2, (8, 3, 7)),         # a partial last group
     (256, 16384, 1, (256, 16, 1)),
 ])
-def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(arch, head_dim, seqlen_q, group, grid):
-    order = _cta_order(head_dim, "causal", seqlen_q, group, grid, arch)
+def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(arch, kind, head_dim, seqlen_q, group, grid):
+    order = _cta_order(head_dim, "causal", seqlen_q, group, grid, arch, kind)
     num_n, heads_kv, batch = grid
     # Every key tile of every head exactly once.
     assert sorted(order) == sorted((n, h, b) for b in range(batch) for h in range(heads_kv) for n in range(num_n))
@@ -142,7 +146,8 @@ def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(arch, h
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
-def test_backward_grid_order_stays_head_by_head_without_a_causal_mask(arch):
-    assert _cta_order(128, "none", 2048, 1, (16, 2, 2), arch) is None
+@pytest.mark.parametrize("kind", ["backward", "backward_varlen"])
+def test_backward_grid_order_stays_head_by_head_without_a_causal_mask(arch, kind):
+    assert _cta_order(128, "none", 2048, 1, (16, 2, 2), arch, kind) is None
     window = {"kind": "sliding_window", "left": 1023, "right": 0}
-    assert _cta_order(128, window, 2048, 1, (16, 2, 2), arch) is None
+    assert _cta_order(128, window, 2048, 1, (16, 2, 2), arch, kind) is None

@@ -233,7 +233,7 @@ class Sm80Family(Family):
                 "bwd_ascending": ascending, "expr": expr, "listed": bool(expr and expr["mask"]),
                 "dq_atomic_width": _dq_atomic_width(arch), "varlen": varlen, "dropout": kind.endswith("_dropout"),
                 "shifted": kind == "backward_shifted",
-                **backward_order_context(spec, padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v), varlen),
+                **backward_order_context(spec, padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)),
                 **(_unlisted(expr) if varlen else {})}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:

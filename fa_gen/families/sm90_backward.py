@@ -213,8 +213,8 @@ def kind_context(spec: Spec, arch: str, dropout: bool = False) -> dict:
         # end together: then last to first, so that in deterministic mode the CTAs of a query
         # tile add their dQ in key-tile order after a short skew (as the sm80 backward does).
         "bwd_ascending": spec.window_right is None,
-        # The grid's order (varlen kinds keep theirs: the template checks `varlen`).
-        **backward_order_context(spec, *padded_dims(spec), varlen=False),
+        # The grid's order.
+        **backward_order_context(spec, *padded_dims(spec)),
         # Per-row LSE and D read from shared memory before the step's GEMMs are issued rather
         # than after them, where their loads queue behind the wgmmas' operand reads (ncu, d128:
         # the first exp2 waited on LSE for 11% of all stall samples). H200 A/Bs: both early,
