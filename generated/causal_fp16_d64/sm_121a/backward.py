@@ -76,22 +76,23 @@ def transposed(smem: cute.Tensor, rows: int, cols: int, stages: int = 0) -> cute
 
 
 @cute.jit
-def key_tile_of_cta(seqlen_q: Int32, group: Int32):
+def key_tile_of_cta(seqlen_q: Int32, heads_per_kv: Int32):
     """(n_block, head_kv, batch) of this CTA: heads in L2-sized groups, key tiles slow, heads fast."""
     x, y, z = cute.arch.block_idx()
     num_n, heads_kv, num_batch = cute.arch.grid_dim()
     tile = x + num_n * (y + heads_kv * z)
     # Rows of one K/V head's query heads that fit the budget.
     budget_rows = 49152
-    group_heads = cutlass.max(Int32(budget_rows) // cutlass.max(seqlen_q * group, 1), 1)
-    span = group_heads * num_n
-    first = tile // span
-    rank = tile - first * span
-    heads_here = cutlass.min(group_heads, num_batch * heads_kv - first * group_heads)
-    n_block = rank // heads_here
-    bh = first * group_heads + rank - n_block * heads_here
+    group_heads = cutlass.max(Int32(budget_rows) // cutlass.max(seqlen_q * heads_per_kv, 1), 1)
+    num_bh = num_batch * heads_kv
+    group_span = group_heads * num_n
+    group = tile // group_span
+    rank = tile - group * group_span
+    heads_here = cutlass.min(group_heads, num_bh - group * group_heads)
+    m_rank = rank // heads_here
+    bh = group * group_heads + rank - m_rank * heads_here
     batch = bh // heads_kv
-    return n_block, bh - batch * heads_kv, batch
+    return m_rank, bh - batch * heads_kv, batch
 
 
 @cute.jit
