@@ -16,6 +16,8 @@ between trees; the anchors' rows show the machine's drift between rounds.
 
 --bench decode runs bench/bench_decode.py (GB/s; pass e.g. `-- --parts paged --cells ...`);
 --bench forward runs bench/bench_forward.py (TFLOP/s; e.g. `-- --seqlens 512,1024 --impls fa_gen,fa4`).
+--bench backward runs bench/bench_backward_sm90.py, --bench varlen_backward bench/bench_varlen_backward.py
+(TFLOP/s per implementation column; e.g. `-- --impls fa_gen_sm80,fa4`).
 --metric picks another result field, e.g. tflops_back_to_back with `-- --backward ...`.
 """
 
@@ -33,7 +35,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("fa_gen", "templates", "specs", "bench", "pyproject.toml")
-BENCHES = {"decode": ("bench/bench_decode.py", "gbps"), "forward": ("bench/bench_forward.py", "tflops")}
+BENCHES = {"decode": ("bench/bench_decode.py", "gbps"), "forward": ("bench/bench_forward.py", "tflops"),
+           "backward": ("bench/bench_backward_sm90.py", "tflops"),
+           "varlen_backward": ("bench/bench_varlen_backward.py", "tflops")}
+ROW_KEYS = {"head_dim", "causal", "seqlen", "batch", "heads", "dtype", "cell", "documents"}
 
 
 def prepare(commit: str, root: Path = ROOT, into: Path | None = None) -> Path:
@@ -60,6 +65,13 @@ def rows(report: dict, metric: str) -> dict[tuple[str, str], float]:
     varlen = report.get("varlen") or {}
     cells += varlen.get("cells", []) if isinstance(varlen, dict) else []
     out = {}
+    for row in report.get("rows", []):  # bench_backward_sm90 / bench_varlen_backward: one number per impl key
+        name = row.get("cell") or (f"{row['dtype']}_d{row['head_dim']}_{'causal' if row['causal'] else 'full'}"
+                                   f"_s{row['seqlen']}")
+        for impl, value in row.items():
+            if impl not in ROW_KEYS and "/" not in impl and isinstance(value, (int, float)) \
+                    and not isinstance(value, bool):
+                out[(name, impl)] = float(value)
     for cell in cells:
         for result in cell.get("results", []):
             value = result.get(metric, result.get("tflops"))

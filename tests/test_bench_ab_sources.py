@@ -41,3 +41,14 @@ def test_rows_name_bench_forward_cells_by_dtype_head_dim_mask_and_length():
                          "results": [{"impl": "sdpa_cudnn", "tflops": 280.0}]}]}
     assert ab_sources.rows(report, "tflops") == {
         ("bf16_d128_full_s512", "fa_gen"): 430.0, ("fp16_d64_causal_s1024", "sdpa_cudnn"): 280.0}
+
+
+def test_rows_of_backward_reports_take_each_implementation_column():
+    fixed = {"rows": [{"head_dim": 128, "causal": True, "seqlen": 2048, "batch": 8, "heads": 16, "dtype": "bf16",
+                       "fa_gen_sm80": 242.1, "fa4": "error: RuntimeError: x"}]}
+    varlen = {"rows": [{"cell": "mixed_causal_d64", "documents": [5, 7], "heads": 32, "head_dim": 64, "causal": True,
+                        "fa_gen": 387.4, "fa4": 388.4, "fa_gen/fa4": 0.997}]}
+    assert ab_sources.rows(fixed, "tflops") == {("bf16_d128_causal_s2048", "fa_gen_sm80"): 242.1}
+    assert ab_sources.rows(varlen, "tflops") == {("mixed_causal_d64", "fa_gen"): 387.4,
+                                                 ("mixed_causal_d64", "fa4"): 388.4}
+    assert set(ab_sources.BENCHES) >= {"backward", "varlen_backward"}

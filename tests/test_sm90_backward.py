@@ -103,9 +103,6 @@ def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, 
     text = render_target(resolve_target(spec, arch, kind)).text
     if "\ndef key_tile_of_cta" not in text:
         return None
-    # A packed batch sizes the groups by its longest sequence: the grid's key tiles.
-    call = text.split("= key_tile_of_cta(", 1)[1].split(",", 1)[0]
-    assert ("grid_dim()[0] * TILE_N" in call) == (kind == "backward_varlen"), call
     source = "def key_tile_of_cta" + text.split("\ndef key_tile_of_cta", 1)[1].split("\n\n", 1)[0]
     current = {}
     arch = types.SimpleNamespace(block_idx=lambda: current["idx"], grid_dim=lambda: grid)
@@ -121,16 +118,14 @@ def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, 
     return order
 
 
-@pytest.mark.parametrize("kind", ["backward", "backward_varlen"])
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 @pytest.mark.parametrize("head_dim,seqlen_q,group,grid", [
     (128, 2048, 1, (16, 16, 8)),      # 16 heads a group: 8 groups
     (128, 8192, 4, (64, 2, 5)),       # one K/V head a group (budget below one head)
     (64, 1000, 2, (8, 3, 7)),         # a partial last group
     (256, 16384, 1, (256, 16, 1)),
 ])
-def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(arch, kind, head_dim, seqlen_q, group, grid):
-    order = _cta_order(head_dim, "causal", seqlen_q, group, grid, arch, kind)
+def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(head_dim, seqlen_q, group, grid):
+    order = _cta_order(head_dim, "causal", seqlen_q, group, grid)
     num_n, heads_kv, batch = grid
     # Every key tile of every head exactly once.
     assert sorted(order) == sorted((n, h, b) for b in range(batch) for h in range(heads_kv) for n in range(num_n))
@@ -151,3 +146,6 @@ def test_backward_grid_order_stays_head_by_head_without_a_causal_mask(arch, kind
     assert _cta_order(128, "none", 2048, 1, (16, 2, 2), arch, kind) is None
     window = {"kind": "sliding_window", "left": 1023, "right": 0}
     assert _cta_order(128, window, 2048, 1, (16, 2, 2), arch, kind) is None
+    # Where the L2 groups measured slower (sm80 kernels, packed batches), causal keeps it too.
+    if arch == "sm_80" or kind == "backward_varlen":
+        assert _cta_order(128, "causal", 2048, 1, (16, 2, 2), arch, kind) is None

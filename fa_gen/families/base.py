@@ -12,10 +12,9 @@ CAUSAL_L2_HEADS_MB = 24
 
 
 def backward_order_context(spec: Spec, head_dim_qk: int, head_dim_v: int) -> dict:
-    """Render context of the backward grid's order (common/backward.j2 define_key_tile_of_cta):
-    causal-like masks (no left window, no mask expression) run their key tiles longest first in
-    L2-sized groups of heads (of (sequence, head) pairs in a packed batch, sized by its longest
-    sequence); others keep the grid's order (0 MB)."""
+    """Render context of the sm90 fixed-length backward grid's order (common/backward.j2
+    define_key_tile_of_cta): causal-like masks (no left window, no mask expression) run their
+    key tiles longest first in L2-sized groups of heads; others keep the grid's order (0 MB)."""
     causal_like = spec.window_left is None and spec.window_right is not None and spec.mask_expr is None
     return {"bwd_l2_heads_mb": CAUSAL_L2_HEADS_MB if causal_like else 0, "bwd_qk": head_dim_qk, "bwd_v": head_dim_v}
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from ..arch_table import BLACKWELL_ARCHS, arch_info
 from ..spec import DType, Spec
-from .base import Family, backward_order_context, dtype_and_head_dim_reasons, head_dims_text, position_reasons
+from .base import Family, dtype_and_head_dim_reasons, head_dims_text, position_reasons
 from .warp_tiles import padded_head_dim, smem_atom_cols, tile_reasons
 from .expressions import backward_expression_context, expression_context
 from ..variant.tree import names_used
@@ -233,7 +233,6 @@ class Sm80Family(Family):
                 "bwd_ascending": ascending, "expr": expr, "listed": bool(expr and expr["mask"]),
                 "dq_atomic_width": _dq_atomic_width(arch), "varlen": varlen, "dropout": kind.endswith("_dropout"),
                 "shifted": kind == "backward_shifted",
-                **backward_order_context(spec, padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)),
                 **(_unlisted(expr) if varlen else {})}
 
     def forward_tiles(self, spec: Spec, arch: str) -> tuple[int, int]:

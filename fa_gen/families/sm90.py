@@ -389,10 +389,13 @@ class Sm90Family(Family):
             return {**sm90_backward.kind_context(spec, arch), "shifted": True}
         if kind == BACKWARD_DROPOUT_KIND:
             return sm90_backward.kind_context(spec, arch, dropout=True)
+        # A packed batch keeps the grid's order: the fixed-length backward's L2 groups of heads
+        # measured 0.97-0.99x on causal packed batches (bench_varlen_backward, H100,
+        # bench/results/2026-11-27-4b8986b-ab-bwd-order-sm80-varlen-h100.json).
         if kind == VARLEN_BACKWARD_KIND:
-            return {**sm90_backward.kind_context(spec, arch), "varlen": True}
+            return {**sm90_backward.kind_context(spec, arch), "varlen": True, "bwd_l2_heads_mb": 0}
         if kind == VARLEN_BACKWARD_DROPOUT_KIND:
-            return {**sm90_backward.kind_context(spec, arch, dropout=True), "varlen": True}
+            return {**sm90_backward.kind_context(spec, arch, dropout=True), "varlen": True, "bwd_l2_heads_mb": 0}
         return sm90_backward.kind_context(spec, arch) if kind == "backward" else {}
 
     def served_head_dims(self) -> str:

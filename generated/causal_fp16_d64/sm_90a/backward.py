@@ -528,8 +528,8 @@ class FlashAttentionBackward:
 
         # Key tiles of one head run side by side (Q and dO from L2). Longest-first across all heads
         # (causal) was measured slower on an H200: 451 vs 472 TFLOP/s at d128, s = 4k.
-        # Causal-like masks: heads in L2 groups, longest key tiles first (common/backward.j2); a
-        # packed batch sizes its groups by the longest sequence (the grid's key tiles).
+        # Causal-like masks of a fixed-length batch: heads in L2 groups, longest key tiles first
+        # (common/backward.j2).
         n_block, head_kv, batch = key_tile_of_cta(mQ.shape[0], mQ.shape[2] // mK.shape[2])
         work = Operands()
         work.n_block, work.head_kv, work.batch = n_block, head_kv, batch
