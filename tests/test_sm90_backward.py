@@ -89,11 +89,11 @@ def test_keys_on_n_and_single_pds_buffer_are_refused_outside_their_layout(kwargs
         sm90_backward.BackwardTileConfig(64, 2, **kwargs)
 
 
-def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, int, int], arch: str = "sm_90a",
+def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, shape: tuple[int, int, int], arch: str = "sm_90a",
                kind: str = "backward"):
-    """Run the rendered backward's key_tile_of_cta (templates/common/backward.j2) on the CPU for
-    every CTA of `grid`, in launch order: [(n_block, head_kv, batch), ...]; None where the
-    kernel keeps the grid's own order."""
+    """Run the rendered backward's order_grid and key_tile_of_cta (templates/common/backward.j2)
+    on the CPU for `shape` = (key tiles, K/V heads, batch): [(n_block, head_kv, batch), ...] of
+    the CTAs with work, in launch order; None where the kernel keeps the grid's own order."""
     import types
 
     from fa_gen.render import render_target
@@ -103,41 +103,49 @@ def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, grid: tuple[int, 
     text = render_target(resolve_target(spec, arch, kind)).text
     if "\ndef key_tile_of_cta" not in text:
         return None
-    source = "def key_tile_of_cta" + text.split("\ndef key_tile_of_cta", 1)[1].split("\n\n", 1)[0]
+    num_n, heads_kv, batch = shape
     current = {}
-    arch = types.SimpleNamespace(block_idx=lambda: current["idx"], grid_dim=lambda: grid)
-    namespace = {"cute": types.SimpleNamespace(arch=arch), "cutlass": types.SimpleNamespace(max=max, min=min),
-                 "Int32": int}
-    exec(source, namespace)
+    arch = types.SimpleNamespace(block_idx=lambda: current["idx"], grid_dim=lambda: current["grid"])
+    namespace = {"cute": types.SimpleNamespace(arch=arch, fast_divmod_create_divisor=lambda d: d),
+                 "cutlass": types.SimpleNamespace(max=max, min=min), "Int32": int}
+    for name in ("order_grid", "key_tile_of_cta"):
+        exec(f"def {name}" + text.split(f"\ndef {name}", 1)[1].split("\n\n", 1)[0], namespace)
+    grid = current["grid"] = namespace["order_grid"](num_n, seqlen_q, heads_kv * group, heads_kv, batch)
     order = []
     for z in range(grid[2]):
         for y in range(grid[1]):
             for x in range(grid[0]):
                 current["idx"] = (x, y, z)
-                order.append(namespace["key_tile_of_cta"](seqlen_q, group))
+                n_block, head, b = namespace["key_tile_of_cta"](heads_kv)
+                if b < batch:  # the kernel's work.live
+                    order.append((n_block, head, b))
     return order
 
 
-@pytest.mark.parametrize("head_dim,seqlen_q,group,grid", [
-    (128, 2048, 1, (16, 16, 8)),      # 16 heads a group: 8 groups
+@pytest.mark.parametrize("head_dim,seqlen_q,group,shape", [
+    (128, 2048, 1, (16, 16, 8)),      # 12 heads fit: 11 groups of 12 (four empty slots)
     (128, 8192, 4, (64, 2, 5)),       # one K/V head a group (budget below one head)
-    (64, 1000, 2, (8, 3, 7)),         # a partial last group
+    (64, 4000, 2, (8, 3, 7)),         # 6 fit: 21 (batch, head) pairs in 4 groups of 6 (three empty)
     (256, 16384, 1, (256, 16, 1)),
 ])
-def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(head_dim, seqlen_q, group, grid):
-    order = _cta_order(head_dim, "causal", seqlen_q, group, grid)
-    num_n, heads_kv, batch = grid
+def test_causal_backward_orders_key_tiles_slow_within_l2_groups_of_heads(head_dim, seqlen_q, group, shape):
+    order = _cta_order(head_dim, "causal", seqlen_q, group, shape)
+    num_n, heads_kv, batch = shape
     # Every key tile of every head exactly once.
     assert sorted(order) == sorted((n, h, b) for b in range(batch) for h in range(heads_kv) for n in range(num_n))
     # Within a head the key tiles start in order (the deterministic dQ adds wait on lower ones).
     for b in range(batch):
         for h in range(heads_kv):
             assert [n for n, hh, bb in order if (hh, bb) == (h, b)] == list(range(num_n))
-    # Groups of heads whose Q, dO and dQ rows fit the L2 budget walk their key tiles in step.
+    # Groups of heads whose Q, dO and dQ rows fit the L2 budget walk their key tiles in step:
+    # the first CTAs are key tile 0 of as many heads as fit (groups of equal size, at most that).
     row_bytes = head_dim * 2 * 2 + head_dim * 4
-    group_heads = max(base.CAUSAL_L2_HEADS_MB * 2**20 // row_bytes // (seqlen_q * group), 1)
-    first = order[:min(group_heads, heads_kv * batch)]
+    most = max(min(base.CAUSAL_L2_HEADS_MB * 2**20 // row_bytes // (seqlen_q * group), heads_kv * batch), 1)
+    groups = -(-heads_kv * batch // most)
+    group_heads = -(-heads_kv * batch // groups)
+    first = order[:group_heads]
     assert {n for n, _, _ in first} == {0} and len({(h, b) for _, h, b in first}) == len(first)
+    assert order[group_heads][0] == (1 if num_n > 1 else 0)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])

@@ -382,8 +382,9 @@ class FlashAttentionBackward:
             mTileList,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dK, tma_atom_dV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, SharedStorage,
-        ).launch(grid=(cute.ceil_div(mK.shape[1], TILE_N), mK.shape[2], mK.shape[0]), block=[self.num_threads, 1, 1],
-                 smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1, use_pdl=True)
+        ).launch(grid=(cute.ceil_div(mK.shape[1], TILE_N), mK.shape[2], mK.shape[0]),
+                 block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1,
+                 use_pdl=True)
 
     # ---------------------------------------------------------------------------------------
     # Pre-pass: one thread per query row.

@@ -131,23 +131,24 @@ def to_operand(acc: cute.Tensor, operand: cute.Tensor):
 
 
 @cute.jit
-def key_tile_of_cta(seqlen_q: Int32, heads_per_kv: Int32):
-    """(n_block, head_kv, batch) of this CTA: heads in L2-sized groups, key tiles slow, heads fast."""
-    x, y, z = cute.arch.block_idx()
-    num_n, heads_kv, num_batch = cute.arch.grid_dim()
-    tile = x + num_n * (y + heads_kv * z)
-    # Rows of one K/V head's query heads that fit the budget.
+def order_grid(num_n: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32, num_batch: Int32):
+    """Host side: the grid (heads of a group, key tiles, groups). Groups of equal size (the
+    last (group, head) slots past the batch's heads, fewer than one a group, launch empty CTAs)."""
+    # Rows of Q, dO and dQ accumulator that fit the budget.
     budget_rows = 24576
-    group_heads = cutlass.max(Int32(budget_rows) // cutlass.max(seqlen_q * heads_per_kv, 1), 1)
     num_bh = num_batch * heads_kv
-    group_span = group_heads * num_n
-    group = tile // group_span
-    rank = tile - group * group_span
-    heads_here = cutlass.min(group_heads, num_bh - group * group_heads)
-    m_rank = rank // heads_here
-    bh = group * group_heads + rank - m_rank * heads_here
-    batch = bh // heads_kv
-    return m_rank, bh - batch * heads_kv, batch
+    most = Int32(budget_rows) // cutlass.max(seqlen_q * (heads_q // heads_kv), 1)
+    num_groups = (num_bh + cutlass.max(cutlass.min(most, num_bh), 1) - 1) // cutlass.max(cutlass.min(most, num_bh), 1)
+    return (num_bh + num_groups - 1) // num_groups, num_n, num_groups
+
+
+@cute.jit
+def key_tile_of_cta(heads_kv: Int32):
+    """(n_block, head_kv, batch) of this CTA in order_grid's grid; batch is past the last for an
+    empty CTA of the last group."""
+    x, n_block, group = cute.arch.block_idx()
+    batch, head_kv = divmod(group * cute.arch.grid_dim()[0] + x, cute.fast_divmod_create_divisor(heads_kv))
+    return n_block, head_kv, batch
 
 
 @cute.jit
@@ -386,8 +387,9 @@ class FlashAttentionBackward:
             tma_Q, tma_K, tma_V, tma_dO, tma_dK, tma_dV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dK, tma_atom_dV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, SharedStorage,
-        ).launch(grid=(cute.ceil_div(mK.shape[1], TILE_N), mK.shape[2], mK.shape[0]), block=[self.num_threads, 1, 1],
-                 smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1, use_pdl=True)
+        ).launch(grid=order_grid(cute.ceil_div(mK.shape[1], TILE_N), mQ.shape[1], mQ.shape[2], mK.shape[2], mK.shape[0]),
+                 block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1,
+                 use_pdl=True)
 
     # ---------------------------------------------------------------------------------------
     # Pre-pass: one thread per query row.
@@ -500,11 +502,13 @@ class FlashAttentionBackward:
         # Key tiles of one head run side by side (Q and dO from L2). Longest-first across all heads
         # (causal) was measured slower on an H200: 451 vs 472 TFLOP/s at d128, s = 4k.
         # Causal-like masks of a fixed-length batch: heads in L2 groups, longest key tiles first
-        # (common/backward.j2).
-        n_block, head_kv, batch = key_tile_of_cta(mQ.shape[0], mQ.shape[2] // mK.shape[2])
+        # (common/backward.j2; the grid is order_grid's).
+        n_block, head_kv, batch = key_tile_of_cta(mK.shape[2])
         work = Operands()
         work.n_block, work.head_kv, work.batch = n_block, head_kv, batch
         work.seqlen_q, work.seqlen_k = mQ.shape[0], mK.shape[0]
+        # The last L2 group's empty slots.
+        work.live = batch < mQ.shape[3]
         # GQA/MQA: query heads [head_kv * group, (head_kv + 1) * group) share this K/V head.
         work.group = mQ.shape[2] // mK.shape[2]
         seqlen_q, seqlen_k = work.seqlen_q, work.seqlen_k
@@ -531,26 +535,27 @@ class FlashAttentionBackward:
         # (query head, query tile) pairs this CTA visits.
         work.num_visits = work.group * (m_block_hi - m_block_lo)
 
-        if warp_idx < 4:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
-            if warp_idx == 0:
-                self.produce(work, mQ, mK, mV, mdO, mLSElog2, mDPsum, smem, tma_atom_Q, tma_atom_K, tma_atom_V,
-                             tma_atom_dO, pipeline_kv, pipeline_q, pipeline_do)
-            if warp_idx == 1:
-                self.store_dq(work, mdQaccum, mSemaphore, deterministic, smem.sdQ)
-        else:
-            cute.arch.setmaxregister_increase(MMA_REGISTERS)
-            ops = self.partition_mma(smem, tidx - WARPGROUP_THREADS)
-            ops.pipeline_q, ops.pipeline_do = pipeline_q, pipeline_do
-            # K and V have landed (even a key tile no query sees waits: its epilogue reuses their buffers).
-            pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-            # A key tile no query row sees still stores dK = dV = 0.
-            zero = opaque_zero()
-            ops.acc_dK.fill(zero)
-            ops.acc_dV.fill(zero)
-            if work.num_visits > 0:
-                self.mainloop(ops, work)
-            self.epilogue(ops, work, mdK, mdV, smem, tma_atom_dK, tma_atom_dV)
+        if work.live:
+            if warp_idx < 4:
+                cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+                if warp_idx == 0:
+                    self.produce(work, mQ, mK, mV, mdO, mLSElog2, mDPsum, smem, tma_atom_Q, tma_atom_K, tma_atom_V,
+                                 tma_atom_dO, pipeline_kv, pipeline_q, pipeline_do)
+                if warp_idx == 1:
+                    self.store_dq(work, mdQaccum, mSemaphore, deterministic, smem.sdQ)
+            else:
+                cute.arch.setmaxregister_increase(MMA_REGISTERS)
+                ops = self.partition_mma(smem, tidx - WARPGROUP_THREADS)
+                ops.pipeline_q, ops.pipeline_do = pipeline_q, pipeline_do
+                # K and V have landed (even a key tile no query sees waits: its epilogue reuses their buffers).
+                pipeline_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+                # A key tile no query row sees still stores dK = dV = 0.
+                zero = opaque_zero()
+                ops.acc_dK.fill(zero)
+                ops.acc_dV.fill(zero)
+                if work.num_visits > 0:
+                    self.mainloop(ops, work)
+                self.epilogue(ops, work, mdK, mdV, smem, tma_atom_dK, tma_atom_dV)
 
     def make_pipelines(self, storage, sQ_layout, sdO_layout, sK_layout, sV_layout):
         """TMA pipelines: the producer warp fills a stage (transaction bytes), every MMA warp
