@@ -35,6 +35,9 @@ SUMMARY = (
     ("issue%", "Issue Slots Busy"),
     ("regs", "Registers Per Thread"),
     ("occ%", "Achieved Occupancy"),
+    ("l2hit%", "L2 Hit Rate"),
+    ("l1hit%", "L1/TEX Hit Rate"),
+    ("memmax%", "Max Bandwidth"),
 )
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "WarpStateStats",
             "SchedulerStats", "Occupancy", "LaunchStats")
