@@ -106,7 +106,7 @@ def _cta_order(head_dim: int, mask, seqlen_q: int, group: int, shape: tuple[int,
     num_n, heads_kv, batch = shape
     current = {}
     arch = types.SimpleNamespace(block_idx=lambda: current["idx"], grid_dim=lambda: current["grid"])
-    namespace = {"cute": types.SimpleNamespace(arch=arch, fast_divmod_create_divisor=lambda d: d),
+    namespace = {"cute": types.SimpleNamespace(arch=arch),
                  "cutlass": types.SimpleNamespace(max=max, min=min), "Int32": int}
     for name in ("order_grid", "key_tile_of_cta"):
         exec(f"def {name}" + text.split(f"\ndef {name}", 1)[1].split("\n\n", 1)[0], namespace)

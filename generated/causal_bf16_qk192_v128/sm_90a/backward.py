@@ -143,11 +143,12 @@ def order_grid(num_n: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32, n
 
 
 @cute.jit
-def key_tile_of_cta(heads_kv: Int32):
+def key_tile_of_cta(heads_kv):
     """(n_block, head_kv, batch) of this CTA in order_grid's grid; batch is past the last for an
-    empty CTA of the last group."""
+    empty CTA of the last group. `heads_kv`: a divisor the host made (cute.FastDivmodDivisor;
+    made on the device it costs a 64-bit division a CTA)."""
     x, n_block, group = cute.arch.block_idx()
-    batch, head_kv = divmod(group * cute.arch.grid_dim()[0] + x, cute.fast_divmod_create_divisor(heads_kv))
+    batch, head_kv = divmod(group * cute.arch.grid_dim()[0] + x, heads_kv)
     return n_block, head_kv, batch
 
 
@@ -387,6 +388,7 @@ class FlashAttentionBackward:
 
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_dK, tma_dV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic,
+            cute.fast_divmod_create_divisor(mK.shape[2]),  # (batch, head) of a CTA: key_tile_of_cta
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dK, tma_atom_dV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, SharedStorage,
         ).launch(grid=order_grid(cute.ceil_div(mK.shape[1], TILE_N), mQ.shape[1], mQ.shape[2], mK.shape[2], mK.shape[0]),
@@ -460,6 +462,7 @@ class FlashAttentionBackward:
         mDPsum: cute.Tensor,
         mSemaphore: cute.Tensor,
         deterministic: Int32,
+        heads_kv_divisor: cute.FastDivmodDivisor,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -506,7 +509,7 @@ class FlashAttentionBackward:
         # (causal) was measured slower on an H200: 451 vs 472 TFLOP/s at d128, s = 4k.
         # Causal-like masks of a fixed-length batch: heads in L2 groups, longest key tiles first
         # (common/backward.j2; the grid is order_grid's).
-        n_block, head_kv, batch = key_tile_of_cta(mK.shape[2])
+        n_block, head_kv, batch = key_tile_of_cta(heads_kv_divisor)
         work = Operands()
         work.n_block, work.head_kv, work.batch = n_block, head_kv, batch
         work.seqlen_q, work.seqlen_k = mQ.shape[0], mK.shape[0]
