@@ -70,14 +70,22 @@ def sampled(seconds: float, step):
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
     smi.terminate()
+    samples = parse_samples(smi.communicate()[0])
+    return calls, wall, samples[3:-2] or samples
+
+
+def parse_samples(text: str) -> list[tuple[float, float]]:
+    """(MHz, W) of each `nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits`
+    line; lines that are not two numbers (a warning, '[N/A]', a cut last line) are left out."""
     samples = []
-    for line in smi.communicate()[0].splitlines():
+    for line in text.splitlines():
+        fields = line.split(",")
         try:
-            mhz, watts = (float(x) for x in line.split(","))
-            samples.append((mhz, watts))
+            if len(fields) == 2:
+                samples.append((float(fields[0]), float(fields[1])))
         except ValueError:
             continue
-    return calls, wall, samples[3:-2] or samples
+    return samples
 
 
 def main(argv=None) -> int:

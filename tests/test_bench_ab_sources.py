@@ -52,3 +52,4 @@ def test_rows_of_backward_reports_take_each_implementation_column():
     assert ab_sources.rows(varlen, "tflops") == {("mixed_causal_d64", "fa_gen"): 387.4,
                                                  ("mixed_causal_d64", "fa4"): 388.4}
     assert set(ab_sources.BENCHES) >= {"backward", "varlen_backward"}
+
