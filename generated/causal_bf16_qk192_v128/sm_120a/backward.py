@@ -315,8 +315,8 @@ class FlashAttentionBackward:
         SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        # The grid's own order: heads in L2 groups, long key tiles first (the sm90 backward's
-        # order) measured 0.95-0.97x at d128 causal 2k-8k here (H100,
+        # The grid's own order. The sm90 backward's (L2 groups of heads, long key tiles first)
+        # measured 0.95-0.97x here at d128 causal 2k-8k (H100,
         # bench/results/2026-11-27-4b8986b-ab-bwd-order-sm80-varlen-h100.json).
         n_block, head_kv, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[1]

@@ -169,8 +169,9 @@ def order_grid(num_n: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32, n
     # Rows of Q, dO and dQ accumulator that fit the budget.
     budget_rows = 49152
     num_bh = num_batch * heads_kv
-    most = Int32(budget_rows) // cutlass.max(seqlen_q * (heads_q // heads_kv), 1)
-    num_groups = (num_bh + cutlass.max(cutlass.min(most, num_bh), 1) - 1) // cutlass.max(cutlass.min(most, num_bh), 1)
+    fit = Int32(budget_rows) // cutlass.max(seqlen_q * (heads_q // heads_kv), 1)
+    most = cutlass.max(cutlass.min(fit, num_bh), 1)
+    num_groups = (num_bh + most - 1) // most
     return (num_bh + num_groups - 1) // num_groups, num_n, num_groups
 
 
