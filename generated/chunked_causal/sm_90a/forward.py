@@ -165,23 +165,28 @@ def gemm_issue(make_tiled_mma: cutlass.Constexpr, acc: cute.Tensor, tCrA: cute.T
 
 
 @cute.jit
-def tile_coords(tile: Int32, num_m_blocks: Int32, heads_q: Int32, group_heads: Int32, num_bh: Int32):
+def tile_coords(tile: Int32, num_m_blocks: Int32, group_heads: Int32, num_bh: Int32, divisors):
     """(m_block, head, batch) of linear tile index `tile`.
 
     Tiles come in groups of `group_heads` (batch, head) pairs; within a group the query-tile rank
     is the slow index, so the CTAs running at one time share the group's K/V through L2.
+    `divisors` (host_grid's tile_divisors): of a group's tiles, of its pairs (the last group's
+    fewer), of the query heads. Made on the host: each division here is a multiply and a shift,
+    where three integer divisions a tile delayed every tile's first GEMM.
     """
-    group_span = group_heads * num_m_blocks
-    group = tile // group_span
-    rank = tile - group * group_span
-    heads_here = cutlass.min(group_heads, num_bh - group * group_heads)
-    m_rank = rank // heads_here
-    bh = group * group_heads + rank - m_rank * heads_here
+    span, pairs, last_pairs, heads = divisors
+    group, rank = divmod(tile, span)
+    m_rank = Int32(0)
+    slot = Int32(0)
+    if (group + 1) * group_heads <= num_bh:
+        m_rank, slot = divmod(rank, pairs)
+    else:
+        m_rank, slot = divmod(rank, last_pairs)
     m_block = m_rank
     if const_expr(LONGEST_FIRST):
         m_block = num_m_blocks - 1 - m_rank
-    batch = bh // heads_q
-    return m_block, bh - batch * heads_q, batch
+    batch, head = divmod(group * group_heads + slot, heads)
+    return m_block, head, batch
 
 
 @cute.jit
@@ -284,6 +289,13 @@ class FlashAttentionForward:
         group_heads = num_bh
         if num_m_blocks > PERSIST_M_BLOCKS and uneven_rows != 0:
             num_ctas = num_tiles
+        # tile_coords' divisors, made here once (the last group holds the pairs left over; an
+        # empty batch has no tiles, and divisors of at least 1).
+        num_groups = (num_bh + group_heads - 1) // group_heads
+        tile_divisors = (cute.fast_divmod_create_divisor(cutlass.max(group_heads * num_m_blocks, 1)),
+                         cute.fast_divmod_create_divisor(group_heads),
+                         cute.fast_divmod_create_divisor(cutlass.max(num_bh - (num_groups - 1) * group_heads, 1)),
+                         cute.fast_divmod_create_divisor(cutlass.max(mQ.shape[2], 1)))
         grid = (num_ctas, 1, 1)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE,
@@ -293,7 +305,7 @@ class FlashAttentionForward:
             uneven_rows,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             sQ_layout, sK_layout, sV_layout, sO_layout,
-            num_m_blocks, group_heads, num_tiles,
+            num_m_blocks, group_heads, num_tiles, *tile_divisors,
             SharedStorage,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -344,6 +356,10 @@ class FlashAttentionForward:
         num_m_blocks: Int32,
         group_heads: Int32,
         num_tiles: Int32,
+        span_divisor: cute.FastDivmodDivisor,
+        pairs_divisor: cute.FastDivmodDivisor,
+        last_pairs_divisor: cute.FastDivmodDivisor,
+        heads_divisor: cute.FastDivmodDivisor,
         SharedStorage: cutlass.Constexpr,
     ):
         """mQ/mO (seqlen_q, d, heads_q, batch) and mK/mV (seqlen_k, d, heads_kv, batch) are TMA
@@ -366,7 +382,7 @@ class FlashAttentionForward:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
-        sched = (num_m_blocks, group_heads, num_tiles)
+        sched = (num_m_blocks, group_heads, num_tiles, (span_divisor, pairs_divisor, last_pairs_divisor, heads_divisor))
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
@@ -413,7 +429,7 @@ class FlashAttentionForward:
         """Per tile, with t_0, t_1, ... the key tiles in the order visited: K[t_0] and Q; then
         K[t_(i+1)] with V[t_i]; then V of the last: the order the consumers' overlapped main
         loop takes them in."""
-        num_m_blocks, group_heads, num_tiles = sched
+        num_m_blocks, group_heads, num_tiles, divisors = sched
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         heads_q = mQ.shape[2]
@@ -527,7 +543,7 @@ class FlashAttentionForward:
 
     @cute.jit
     def consume(self, ops: Operands, mO, mLSE, sO, tma_atom_O, seqlen_q, seqlen_k, heads_q, heads_kv, sched):
-        num_m_blocks, group_heads, num_tiles = sched
+        num_m_blocks, group_heads, num_tiles, divisors = sched
         num_bh = heads_q * mO.shape[3]
         num_rows = cute.size(rows_cols_view(ops.acc_O).shape[0])
         ops.row_max = cute.make_rmem_tensor(num_rows, Float32)
