@@ -475,6 +475,19 @@ class FlashAttentionBackward:
         pipeline_kv, pipeline_q, pipeline_do = self.make_pipelines(storage, sQ_layout, sdO_layout, sK_layout, sV_layout)
         # Every mbarrier is initialised before any thread waits on one.
         cute.arch.mbarrier_init_fence()
+        # Key tiles of one head run side by side (Q and dO from L2). Longest-first across all heads
+        # (causal) was measured slower on an H200: 451 vs 472 TFLOP/s at d128, s = 4k.
+        n_block, head_kv, batch = cute.arch.block_idx()
+
+        # K and V first: warp 0 initialised the barriers and issues them before the CTA-wide sync
+        # and the wait for the pre-pass (producer.load_kv).
+        # (An empty slot of the last L2 group loads nothing.)
+        if warp_idx == 0:
+            cute.arch.sync_warp()
+            if True:
+                self.load_kv(n_block, head_kv, batch, 0, mK, mV, storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+                             storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner), tma_atom_K, tma_atom_V,
+                             pipeline_kv)
         cute.arch.sync_threads()
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
@@ -492,9 +505,6 @@ class FlashAttentionBackward:
         # (dq_half, buffer)
         smem.sdQ = storage.sdQ.get_tensor(cute.make_layout((DQ_HALF, DQ_BUFFERS)))
 
-        # Key tiles of one head run side by side (Q and dO from L2). Longest-first across all heads
-        # (causal) was measured slower on an H200: 451 vs 472 TFLOP/s at d128, s = 4k.
-        n_block, head_kv, batch = cute.arch.block_idx()
         work = Operands()
         work.n_block, work.head_kv, work.batch = n_block, head_kv, batch
         work.seqlen_q, work.seqlen_k = mQ.shape[0], mK.shape[0]
@@ -574,17 +584,7 @@ class FlashAttentionBackward:
     @cute.jit
     def produce(self, work: Operands, mQ, mK, mV, mdO, mLSElog2, mDPsum, smem: Operands,
                 tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, pipeline_kv, pipeline_q, pipeline_do):
-        batch, head_kv = work.batch, work.head_kv
-        # (tile_n, head_dim) of this CTA's key tile
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (TILE_N, HEAD_DIM_QK), (work.n_block, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (TILE_N, HEAD_DIM_V), (work.n_block, 0))
-        tKsK, tKgK = self.tma_partition(tma_atom_K, smem.sK, gK)
-        tVsV, tVgV = self.tma_partition(tma_atom_V, smem.sV, gV)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        pipeline_kv.producer_acquire(kv_state)
-        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
-        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
-
+        batch = work.batch
         loads = Operands()
         loads.mQ, loads.mdO, loads.mLSElog2, loads.mDPsum = mQ, mdO, mLSElog2, mDPsum
         loads.smem, loads.batch = smem, batch
@@ -592,6 +592,21 @@ class FlashAttentionBackward:
         loads.pipeline_q, loads.pipeline_do = pipeline_q, pipeline_do
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, NUM_STAGES)
         self.query_tiles(work, self.load_query_tile, loads, state)
+
+    @cute.jit
+    def load_kv(self, n_block, head_kv, batch, offset_k, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv):
+        """K and V of the CTA's key tile, once (warp 0). A fixed-length batch issues them at the
+        kernel's start, before the CTA-wide sync and the wait for the pre-pass: they do not depend
+        on it, and the MMA warps' first wait is for them."""
+        # (tile_n, head_dim) of this CTA's key tile
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (TILE_N, HEAD_DIM_QK), (n_block, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (TILE_N, HEAD_DIM_V), (n_block, 0))
+        tKsK, tKgK = self.tma_partition(tma_atom_K, sK, gK)
+        tVsV, tVgV = self.tma_partition(tma_atom_V, sV, gV)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipeline_kv.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
+        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
 
     @cute.jit
     def load_query_tile(self, loads: Operands, state, head, m_block, masked):
