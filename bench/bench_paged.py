@@ -71,16 +71,22 @@ def paged_inputs(cell: PagedCell, device="cuda") -> PagedInputs:
         return torch.randn(cell.batch, seqlen, heads, cell.head_dim, device=device, dtype=dtype, generator=generator)
 
     q, k, v = draw(1, cell.heads_q), draw(cell.seqlen_k, cell.heads_kv), draw(cell.seqlen_k, cell.heads_kv)
-    per_sequence = cell.seqlen_k // cell.page_size
-    order = torch.randperm(cell.batch * per_sequence, device=device, generator=generator)
-    page_table = order.view(cell.batch, per_sequence).to(torch.int32)
+    return PagedInputs(q, k, v, *scattered_pages(k, v, cell.page_size, generator))
+
+
+def scattered_pages(k: torch.Tensor, v: torch.Tensor, page_size: int, generator: torch.Generator):
+    """(k_pages, v_pages, page_table, seqlens) of contiguous k/v (batch, seqlen_k, heads, d):
+    every page_size rows on a page, the pages in a seeded random order; all sequences full."""
+    batch, seqlen_k = k.shape[:2]
+    per_sequence = seqlen_k // page_size
+    order = torch.randperm(batch * per_sequence, device=k.device, generator=generator)
     pages = []
     for x in (k, v):
-        paged = torch.empty((cell.batch * per_sequence, cell.page_size, *x.shape[2:]), dtype=dtype, device=device)
-        paged[order] = x.reshape(cell.batch * per_sequence, cell.page_size, *x.shape[2:])
+        paged = torch.empty((batch * per_sequence, page_size, *x.shape[2:]), dtype=x.dtype, device=x.device)
+        paged[order] = x.reshape(batch * per_sequence, page_size, *x.shape[2:])
         pages.append(paged)
-    seqlens = torch.full((cell.batch,), cell.seqlen_k, dtype=torch.int32, device=device)
-    return PagedInputs(q, k, v, *pages, page_table, seqlens)
+    seqlens = torch.full((batch,), seqlen_k, dtype=torch.int32, device=k.device)
+    return (*pages, order.view(batch, per_sequence).to(torch.int32), seqlens)
 
 
 def _spec(cell: PagedCell):

@@ -18,7 +18,9 @@ reads the splits in a fixed order: deterministic by construction.
 
 Paged: the keys of packed query sequences live in caches (num_pages, page_size, heads_kv, d)
 through a page table (batch, max_pages) int32 (templates/common/kv_source.j2); the page size is
-a runtime value. Only split kinds read pages (one split writes the final output itself).
+a runtime value to the split kinds (one split writes the final output itself). Where the tiles
+fill the GPU, a family with a whole-range paged kind takes the call instead (the sm90 family's:
+key tiles in TMA boxes inside pages, the box height a compile-time value from the page size).
 """
 
 from __future__ import annotations
@@ -62,6 +64,47 @@ class InferenceKernel:
     tile_m: int
     tile_n: int
     ctas_per_sm: int  # resident CTAs of this kernel per SM (what a split grid aims to fill)
+
+
+@dataclass(frozen=True)
+class KernelTiles:
+    """What a kind's tiles tell the split-count choice, before anything is compiled."""
+
+    spec: Spec
+    tile_m: int
+    tile_n: int
+    ctas_per_sm: int
+
+
+# Whole-range paged kinds: this prefix and the TMA box height (fa_gen.families.sm90.PAGED_KIND).
+WHOLE_PAGED_PREFIX = "forward_varlen_paged_b"
+# Box heights are whole 8-row swizzle atoms.
+PAGE_BOX_ROWS = 8
+
+
+@functools.lru_cache(maxsize=1024)
+def kind_tiles(spec: Spec, arch: str, kind: str) -> KernelTiles | None:
+    """The tiles of the `kind` forward (None where no family renders it): resolved, not compiled,
+    so a call can choose its kind before anything is built. Cached: it runs on every call."""
+    try:
+        context = resolve_target(spec, arch, kind).context()
+    except UnsupportedError:
+        return None
+    return KernelTiles(spec, context["tile"]["tile_m"], context["tile"]["tile_n"], context.get("ctas_per_sm", 1))
+
+
+@functools.lru_cache(maxsize=1024)
+def whole_paged_kind(spec: Spec, arch: str, page_size: int) -> tuple[str, KernelTiles] | None:
+    """The whole-range paged kind for caches of `page_size` slots a page and its tiles: TMA boxes
+    of gcd(page_size, tile_n) rows, so that every box lies inside one page; None where no family
+    renders one or the box is not whole swizzle atoms. Cached: it runs on every paged call."""
+    whole = None if spec.is_fp8 else kind_tiles(spec, arch, "forward_varlen")
+    box = math.gcd(page_size, whole.tile_n) if whole else 0
+    if box == 0 or box % PAGE_BOX_ROWS:
+        return None
+    kind = f"{WHOLE_PAGED_PREFIX}{box}"
+    tiles = kind_tiles(spec, arch, kind)
+    return (kind, tiles) if tiles else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,12 +228,16 @@ def forward_varlen(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return out, lse.fill_(-math.inf)
     shape = (max_seqlen_q, max_seqlen_k, heads_q, batch, group, q.device)
     # Key rows past seqused_k are slack a caller need not fill (NaN included): the split kinds
-    # zero-fill them, while the sm90 whole-range kernel's TMA tiles would load them into P @ V.
-    if seqused_k is None and group == 1 and num_splits in (None, 0, 1) and not spec.is_fp8:
+    # zero-fill them; the sm90 whole-range kernel masks their scores and zeroes their V rows in
+    # shared memory before P @ V (forward_mainloop.j2, zero_tail_values). A KV-cache's decode step
+    # (seqused_k, short queries) keeps to the split kinds, as it did before the sm90 kernel took
+    # seqused_k: their 64-row tiles stream K/V with more CTAs an SM.
+    decode_step = seqused_k is not None and max_seqlen_q < SPLIT_TILE_M and num_splits != 1
+    if group == 1 and num_splits in (None, 0, 1) and not spec.is_fp8 and not decode_step:
         # The whole-key-range kernel (the sm90 family's on Hopper), unless its tiles leave the GPU idle.
-        whole = inference_kernel(spec, arch, "forward_varlen")
-        if num_splits == 1 or _varlen_splits(whole, *shape) == 1:
-            whole.function(q, k, v, out, lse, *sequences, *extra)
+        whole = kind_tiles(spec, arch, "forward_varlen")
+        if whole is not None and (num_splits == 1 or _varlen_splits(whole, *shape) == 1):
+            inference_kernel(spec, arch, "forward_varlen").function(q, k, v, out, lse, *sequences, *extra)
             return out, lse
     kern = inference_kernel(spec, arch, packed_kind("forward_varlen_split", group))
     return _run_split(kern, (q, k, v), out, lse, sequences, num_splits or _varlen_splits(kern, *shape), extra,
@@ -228,17 +275,28 @@ def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     sequence b attends its first seqused_k[b] keys, key r being slot r % page_size of page
     page_table[b, r // page_size]. The split count comes from shapes alone (the table's capacity
     max_pages * page_size stands for the longest sequence), so a captured CUDA graph replays
-    with new lengths and page tables."""
+    with new lengths and page tables. Prefill-shaped calls whose tiles fill the GPU (or
+    num_splits=1) take the whole-range paged kind where a family renders one for this page size
+    (whole_paged_kind); the others, and every call with GQA packing, the split kinds."""
     _check_paged(spec, q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q)
     arch, group, extra, out, lse = _varlen_call(spec, q, k_cache.shape[2], "forward_varlen_split_paged", max_seqlen_q,
                                                 pack_gqa, inputs, arch)
     batch, heads_q = cu_seqlens_q.shape[0] - 1, q.shape[1]
     if q.shape[0] == 0 or batch == 0:
         return out, lse.fill_(-math.inf)
-    kern = inference_kernel(spec, arch, paged_kind(spec, arch, k_cache.shape[1], group))
     # cu_seqlens_k is not read (use_seqused_k is set): cu_seqlens_q stands in for it.
     sequences = (cu_seqlens_q, cu_seqlens_q, seqused_k, 1, max(int(max_seqlen_q), 1), page_table)
     capacity = page_table.shape[1] * k_cache.shape[1]
+    # Decode steps (short queries) keep to the split kinds unless num_splits=1 pins the whole range.
+    prefill = max_seqlen_q >= SPLIT_TILE_M or num_splits == 1
+    whole = whole_paged_kind(spec, arch, k_cache.shape[1]) if group == 1 and num_splits in (None, 0, 1) and prefill \
+        else None
+    if whole is not None and (num_splits == 1 or _varlen_splits(whole[1], max_seqlen_q, capacity, heads_q, batch, 1,
+                                                                   q.device) == 1):
+        # One CTA per query tile over all of its keys, as the contiguous varlen forward.
+        inference_kernel(spec, arch, whole[0]).function(q, k_cache, v_cache, out, lse, *sequences, *extra)
+        return out, lse
+    kern = inference_kernel(spec, arch, paged_kind(spec, arch, k_cache.shape[1], group))
     splits = num_splits or _varlen_splits(kern, max_seqlen_q, capacity, heads_q, batch, group, q.device,
                                           k_cache.shape[1] % (PAGE_RUN_TILES * kern.tile_n) == 0)
     return _run_split(kern, (q, k_cache, v_cache), out, lse, sequences, splits, extra,
@@ -280,7 +338,7 @@ def _varlen_call(spec: Spec, q: torch.Tensor, heads_kv: int, kind: str, max_seql
 PAGE_RUN_TILES = 4
 
 
-def _varlen_splits(kern: InferenceKernel, max_seqlen_q: int, max_seqlen_k: int, heads_q: int, batch: int,
+def _varlen_splits(kern: InferenceKernel | KernelTiles, max_seqlen_q: int, max_seqlen_k: int, heads_q: int, batch: int,
                    group: int, device, streams_whole: bool = True) -> int:
     """Key splits of a varlen call's tiles, from the longest lengths and the GPU's SM count.
     `streams_whole`: K/V contiguous, or in pages of PAGE_RUN_TILES key tiles or more: a small

@@ -61,8 +61,21 @@ def arch():
 
     arch = current_arch()
     work = [(spec, arch, kind) for spec in SPECS for kind in _kinds(spec)]
+    work += sorted({_whole_kind(spec, arch, p) for spec in SPECS for p in WHOLE_PAGE_SIZES} - {None}, key=str)
     precompile_kinds(work, int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0")))
     return arch
+
+
+# Page sizes of the whole-range paged kind's test: TMA boxes of gcd(page_size, tile_n) rows (8,
+# 16, 64 and 128 at tile_n 128; 24 and 48 take boxes of 8 and 16 that a page holds three of).
+WHOLE_PAGE_SIZES = (8, 16, 24, 48, 64, 128, 256, 512)
+
+
+def _whole_kind(spec, arch, page_size):
+    from fa_gen.inference import whole_paged_kind
+
+    found = whole_paged_kind(spec, arch, page_size)
+    return found and (spec, arch, found[0])
 
 
 def _dtype(spec):
@@ -204,6 +217,34 @@ def test_kvcache_matches_reference_per_sequence(arch, data, lengths, seed):
     out, lse = case.call(num_splits=num_splits, pack_gqa=pack, inputs=inputs)
     assert out.shape == case.q.shape[:3] + (spec.head_dim_v,) and lse.shape == (len(lengths), heads_kv * group,
                                                                                  seqlen_q)
+    assert _same(case.k_cache, expected_k) and _same(case.v_cache, expected_v), "the append wrote wrong slots"
+    failures = case.failures(out, lse, inputs)
+    assert not failures, f"page_size {page_size}, lengths {lengths}: " + "; ".join(failures)
+
+
+@settings(max_examples=int(os.environ.get("FA_GEN_L1_EXAMPLES", "120")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), lengths=st.lists(cache_length, min_size=1, max_size=4), seed=st.integers(0, 2**31 - 1))
+def test_paged_whole_range_kind_matches_reference(arch, data, lengths, seed):
+    """Chunks of up to 300 queries against paged caches through the whole-range paged kind
+    (pinned by num_splits=1; on Hopper the sm90 family's: key tiles in TMA boxes inside pages).
+    Slots past each sequence's keys, unlisted pages and table entries past its pages hold NaN."""
+    from fa_gen.inference import whole_paged_kind
+
+    if whole_paged_kind(SPECS[0], arch, 64) is None:
+        pytest.skip(f"no family renders a whole-range paged kind on {arch}")
+    spec = data.draw(st.sampled_from([s for s in SPECS if whole_paged_kind(s, arch, 64)]), label="spec")
+    page_size = data.draw(st.sampled_from(WHOLE_PAGE_SIZES), label="page_size")
+    heads_kv = data.draw(st.integers(1, 2), label="heads_kv")
+    group = data.draw(st.sampled_from((1, 2, 4)), label="group")
+    seqlen_q = data.draw(st.one_of(st.integers(1, 16), st.integers(17, 300)), label="seqlen_q")
+    seqlen_new = data.draw(st.sampled_from((0, 1, seqlen_q)), label="seqlen_new")
+    slack = data.draw(st.integers(0, 2), label="slack")
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    case = Case(spec, lengths, seqlen_q, seqlen_new, (heads_kv * group, heads_kv), generator, page_size, slack)
+    inputs = _inputs(spec, generator, heads_kv * group)
+    expected_k, expected_v = case.expected_caches()
+    out, lse = case.call(num_splits=1, pack_gqa=False, inputs=inputs)
     assert _same(case.k_cache, expected_k) and _same(case.v_cache, expected_v), "the append wrote wrong slots"
     failures = case.failures(out, lse, inputs)
     assert not failures, f"page_size {page_size}, lengths {lengths}: " + "; ".join(failures)

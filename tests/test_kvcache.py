@@ -141,6 +141,43 @@ def test_page_lookup_follows_the_page_size():
         assert paged_kind(spec, "sm_90a", page_size, 4) == "forward_varlen_split_paged_pack4"
 
 
+def test_whole_range_paged_kind_follows_the_page_size():
+    """On Hopper, a page size whose gcd with the key tile (128 at d128) is whole 8-row swizzle
+    atoms takes the sm90 whole-range paged kind, its TMA boxes that gcd's rows; other sizes, fp8
+    specs, specs without a varlen forward there and other archs have none (the split kinds)."""
+    from fa_gen.inference import whole_paged_kind
+
+    spec = resolve_spec(SPEC)
+    for page_size, box in ((8, 8), (16, 16), (24, 8), (48, 16), (64, 64), (128, 128), (256, 128), (1024, 128)):
+        kind, tiles = whole_paged_kind(spec, "sm_90a", page_size)
+        assert kind == f"forward_varlen_paged_b{box}" and tiles.tile_n == 128
+    for page_size in (1, 2, 4, 12, 100):
+        assert whole_paged_kind(spec, "sm_90a", page_size) is None
+    assert whole_paged_kind(spec, "sm_80", 64) is None
+    assert whole_paged_kind(resolve_spec("fp8_e4m3_d128"), "sm_90a", 64) is None
+    assert whole_paged_kind(resolve_spec("chunked_causal"), "sm_90a", 64) is None  # a mask expression
+    # d256: key tiles of 80 rows, boxes of 16 for pages of 16 / 64 / 256.
+    assert whole_paged_kind(resolve_spec("full_bf16_d256"), "sm_90a", 64)[0] == "forward_varlen_paged_b16"
+
+
+def test_whole_range_paged_render_loads_boxes_from_pages():
+    text = render(resolve_spec(SPEC), "sm_90a", "sm90", kind="forward_varlen_paged_b16").text
+    assert "PAGE_BOX = 16" in text and "mPageTable: cute.Tensor" in text and "page_row[page_index]" in text
+    plain = render(resolve_spec(SPEC), "sm_90a", "sm90", kind="forward_varlen").text
+    assert "PAGE_BOX" not in plain and "mPageTable" not in plain
+
+
+@pytest.mark.parametrize("name, kind", [(SPEC, "forward_varlen_paged_b16"), (SPEC, "forward_varlen_paged_b128"),
+                                        ("softcap", "forward_varlen_paged_b8"),
+                                        ("full_bf16_d256", "forward_varlen_paged_b40")])
+def test_whole_range_paged_kinds_compile(tmp_path, monkeypatch, name, kind):
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    text = render(resolve_spec(name), "sm_90a", "sm90", kind=kind).text
+    compile_to_object(text, "sm_90a", tmp_path / f"{kind}.o", label=f"{name} {kind}")
+
+
 def test_paged_render_reads_pages():
     text = render(resolve_spec(SPEC), "sm_90a", "sm80", kind="forward_varlen_split_paged_pack4").text
     assert "class PagedKV" in text and "mPageTable: cute.Tensor" in text

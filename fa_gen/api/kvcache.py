@@ -143,8 +143,8 @@ def _attend_contiguous(spec, packed_q, k_cache, v_cache, cu_q, seqused, seqlen_q
     """A contiguous cache as one packed key tensor: sequence b's keys start at row
     cache_batch_idx[b] * seqlen_cache (cu_seqlens_k's last entry is never read: seqused_k is set),
     plus cache_leftpad[b] (`leftpad`), its length then seqused[b] - cache_leftpad[b].
-    With seqused_k set, forward_varlen keeps to the split kinds, which zero-fill key rows past a
-    sequence's length: a cache's unused slots may hold anything, NaN included."""
+    A cache's unused slots may hold anything, NaN included: every kind forward_varlen picks keeps
+    key rows past a sequence's length out of the result (zero-filled, or masked and zeroed)."""
     batch_cache, seqlen_cache, heads_kv, _ = k_cache.shape
     batch = cu_q.shape[0] - 1
     if cache_batch_idx is None:  # row b at b * seqlen_cache: the offsets of uniform lengths

@@ -7,6 +7,7 @@ pipeline depth come from the table below, overridable per spec with `tuning: {sm
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from ..arch_table import arch_info
@@ -219,6 +220,10 @@ FP8_KEY_BLOCK = 32
 SHORT_KIND = "forward_short"
 # The forward of a packed (varlen) batch: rendered per call, not in generated/.
 VARLEN_KIND = "forward_varlen"
+# The varlen forward against a paged KV cache (num_pages, page_size, heads_kv, d): key tiles
+# arrive by TMA boxes of `page_box` rows, each inside one page (sm90/paged_kv.j2). The box is
+# gcd(page size, tile_n) and a whole number of 8-row swizzle atoms, so a kind per box size.
+PAGED_KIND = "forward_varlen_paged"
 # The fixed-length forward with attention dropout (templates/common/dropout.j2), per call.
 DROPOUT_KIND = "forward_dropout"
 VARLEN_DROPOUT_KIND = "forward_varlen_dropout"
@@ -280,6 +285,19 @@ def _unmeasured_tile(table: dict, head_dim_qk: int, head_dim_v: int) -> TileConf
         if widest <= dims[0]:
             return table[dims]
     raise ValueError(f"head dims ({head_dim_qk}, {head_dim_v}) exceed {MAX_HEAD_DIM}")
+
+
+def page_boxes(tile_n: int) -> list[int]:
+    """TMA box heights of the paged kinds for key tiles of `tile_n` rows: divisors of the tile
+    that are whole 8-row swizzle atoms."""
+    return [box for box in range(8, tile_n + 1, 8) if tile_n % box == 0]
+
+
+def paged_kind(spec: Spec, page_size: int) -> str | None:
+    """The paged kind for caches of `page_size` slots a page: boxes of gcd(page_size, tile_n)
+    rows; None where that is not a whole number of swizzle atoms (pages of 1-7 rows, or 12...)."""
+    box = math.gcd(page_size, tile_config(spec).tile_n)
+    return f"{PAGED_KIND}_b{box}" if box in page_boxes(tile_config(spec).tile_n) else None
 
 
 def fp8_reasons(spec: Spec, kind: str) -> list[str]:
@@ -368,6 +386,8 @@ class Sm90Family(Family):
         if not varlen_reasons(spec):
             kinds[VARLEN_KIND] = (self.forward_template, f"{VARLEN_KIND}.py")
             kinds[VARLEN_DROPOUT_KIND] = (self.forward_template, f"{VARLEN_DROPOUT_KIND}.py")
+            for box in page_boxes(tile_config(spec).tile_n):
+                kinds[f"{PAGED_KIND}_b{box}"] = (self.forward_template, f"{PAGED_KIND}_b{box}.py")
             if not sm90_backward.backward_reasons(spec, self.archs[0]):
                 kinds[VARLEN_BACKWARD_KIND] = ("backward.py.j2", f"{VARLEN_BACKWARD_KIND}.py")
             if not sm90_backward.dropout_reasons(spec, self.archs[0]):
@@ -383,6 +403,8 @@ class Sm90Family(Family):
             return {"shifted": True}
         if kind == VARLEN_DROPOUT_KIND:
             return {"varlen": True, "dropout": True}
+        if kind.startswith(PAGED_KIND + "_b"):
+            return {"varlen": True, "page_box": int(kind.removeprefix(PAGED_KIND + "_b"))}
         if kind == SHORT_KIND:
             return self._tile_context(spec, arch, _SHORT_TILES[(spec.head_dim_qk, spec.head_dim_v)].tile)
         if kind == SHIFTED_BACKWARD_KIND:
@@ -406,7 +428,7 @@ class Sm90Family(Family):
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
         if spec.is_fp8:
             return fp8_reasons(spec, kind)
-        if kind == VARLEN_KIND:
+        if kind == VARLEN_KIND or kind.startswith(PAGED_KIND + "_b"):
             return varlen_reasons(spec)
         if kind == SHORT_KIND:
             return short_tiles_reasons(spec)
@@ -462,6 +484,8 @@ class Sm90Family(Family):
             "varlen": False,
             "dropout": False,
             "shifted": False,
+            # TMA box rows of a paged kind's K/V loads; 0: K/V are contiguous.
+            "page_box": 0,
         }
 
     def _tile_context(self, spec: Spec, arch: str, cfg: TileConfig) -> dict:
