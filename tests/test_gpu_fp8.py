@@ -76,12 +76,21 @@ def _check(spec, q8, k8, v8, descales, inputs=None):
     return _judge(spec, out, lse, q8, k8, v8, descales, inputs)
 
 
+def _p_shift(spec):
+    """The power of two the kernel scales P by before rounding it to e4m3 (less under stale_max,
+    whose P may reach 2^STALE_MAX_LOG2_FP8): the yardstick rounds P as the kernel does."""
+    from fa_gen.runtime import current_arch
+    from fa_gen.target import resolve_target
+
+    return resolve_target(spec, current_arch(), "forward").context()["p_shift"]
+
+
 def _judge(spec, out, lse, q8, k8, v8, descales, inputs=None):
     """out/lse of (batch, seqlen, heads, d) fp8 inputs against the reference, within twice the yardstick's error."""
     assert out.dtype == _OUT[spec.output_dtype.value]
     q, k, v = (fp8.dequantize(x, d) for x, d in zip((q8, k8, v8), descales))
     ref, ref_lse = attention_reference(q, k, v, spec, inputs=inputs)
-    same = attention_fp8_same_precision(q8, k8, v8, descales, spec, inputs=inputs)
+    same = attention_fp8_same_precision(q8, k8, v8, descales, spec, inputs=inputs, p_shift=_p_shift(spec))
     tol = 2 * (same.double() - ref).abs().max().item() + _rounding_floor(ref, out.dtype) + 1e-6
     err = (out.double() - ref).abs().max().item()
     assert torch.isfinite(out).all(), f"{spec.name}: non-finite output"
@@ -116,6 +125,19 @@ def test_fp8_forward_matches_reference(data, seed):
     elif spec.name == "fp8_sink":
         inputs = {"sinks": torch.randn(heads_q, generator=g, device="cuda")}
     _check(spec, q8, k8, v8, (qd, kd, vd), inputs)
+
+
+def test_fp8_stale_max_yardstick_rounds_p_as_the_kernel():
+    """Hypothesis found this draw (session 26): under stale_max the kernel scales P by 2^4, not
+    2^8, before rounding it to e4m3; judged by a yardstick that rounded P at 2^8, its error (0.224)
+    exceeded twice the yardstick's (0.201). The yardstick now rounds P at the kernel's shift."""
+    spec = next(s for s in SPECS if s.name == "fp8_d256_causal_stale")
+    assert _p_shift(spec) == 4
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q8, qd = _draw(g, (1, 4, 1, 256), 200.0)
+    k8, kd = _draw(g, (1, 133, 1, 256), 200.0)
+    v8, vd = _draw(g, (1, 133, 1, 256), 200.0)
+    _check(spec, q8, k8, v8, (qd.view(1, 1, 1)[..., 0], kd, vd))
 
 
 def test_fp8_quantized_bf16_inputs():
