@@ -288,7 +288,8 @@ def forward_paged(spec: Spec, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     sequences = (cu_seqlens_q, cu_seqlens_q, seqused_k, 1, max(int(max_seqlen_q), 1), page_table)
     capacity = page_table.shape[1] * k_cache.shape[1]
     # Decode steps (short queries) keep to the split kinds unless num_splits=1 pins the whole range.
-    prefill = max_seqlen_q >= SPLIT_TILE_M or num_splits == 1
+    # (The whole-range kernel reads a table entry of every sequence: a table has at least one column.)
+    prefill = (max_seqlen_q >= SPLIT_TILE_M or num_splits == 1) and page_table.shape[1] > 0
     whole = whole_paged_kind(spec, arch, k_cache.shape[1]) if group == 1 and num_splits in (None, 0, 1) and prefill \
         else None
     if whole is not None and (num_splits == 1 or _varlen_splits(whole[1], max_seqlen_q, capacity, heads_q, batch, 1,
