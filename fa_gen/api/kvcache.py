@@ -55,7 +55,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     cache_batch_idx: (batch,) int32/int64, the cache row of each sequence (contiguous caches only;
         default: row b).
     num_splits: key splits per query tile (0: chosen from the shapes and the SM count; 1: each
-        query tile over all its keys in one CTA, on Hopper the sm90 forward's, TMA from pages too).
+        query tile over all its keys in one CTA; on Hopper without GQA packing, the sm90 forward's).
     pack_gqa: the query heads of a KV head on one tile's rows (None: when seqlen_q is short).
     inputs: the spec's declared inputs (scalars, or tensors shaped by heads / constants).
     rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) tables of q's dtype, rotary_dim a multiple
