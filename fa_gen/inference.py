@@ -78,8 +78,6 @@ class KernelTiles:
 
 # Whole-range paged kinds: this prefix and the TMA box height (fa_gen.families.sm90.PAGED_KIND).
 WHOLE_PAGED_PREFIX = "forward_varlen_paged_b"
-# Box heights are whole 8-row swizzle atoms.
-PAGE_BOX_ROWS = 8
 
 
 @functools.lru_cache(maxsize=1024)
@@ -97,12 +95,12 @@ def kind_tiles(spec: Spec, arch: str, kind: str) -> KernelTiles | None:
 def whole_paged_kind(spec: Spec, arch: str, page_size: int) -> tuple[str, KernelTiles] | None:
     """The whole-range paged kind for caches of `page_size` slots a page and its tiles: TMA boxes
     of gcd(page_size, tile_n) rows, so that every box lies inside one page; None where no family
-    renders one or the box is not whole swizzle atoms. Cached: it runs on every paged call."""
+    renders boxes of that height (the sm90 family's are whole 8-row swizzle atoms). Cached: it
+    runs on every paged call."""
     whole = None if spec.is_fp8 else kind_tiles(spec, arch, "forward_varlen")
-    box = math.gcd(page_size, whole.tile_n) if whole else 0
-    if box == 0 or box % PAGE_BOX_ROWS:
+    if whole is None:
         return None
-    kind = f"{WHOLE_PAGED_PREFIX}{box}"
+    kind = f"{WHOLE_PAGED_PREFIX}{math.gcd(page_size, whole.tile_n)}"
     tiles = kind_tiles(spec, arch, kind)
     return (kind, tiles) if tiles else None
 

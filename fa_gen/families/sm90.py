@@ -7,7 +7,6 @@ pipeline depth come from the table below, overridable per spec with `tuning: {sm
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 
 from ..arch_table import arch_info
@@ -291,13 +290,6 @@ def page_boxes(tile_n: int) -> list[int]:
     """TMA box heights of the paged kinds for key tiles of `tile_n` rows: divisors of the tile
     that are whole 8-row swizzle atoms."""
     return [box for box in range(8, tile_n + 1, 8) if tile_n % box == 0]
-
-
-def paged_kind(spec: Spec, page_size: int) -> str | None:
-    """The paged kind for caches of `page_size` slots a page: boxes of gcd(page_size, tile_n)
-    rows; None where that is not a whole number of swizzle atoms (pages of 1-7 rows, or 12...)."""
-    box = math.gcd(page_size, tile_config(spec).tile_n)
-    return f"{PAGED_KIND}_b{box}" if box in page_boxes(tile_config(spec).tile_n) else None
 
 
 def fp8_reasons(spec: Spec, kind: str) -> list[str]:
