@@ -16,6 +16,8 @@ Values for the spec's declared inputs are passed as `inputs={name: tensor or num
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .spec import Spec
@@ -138,13 +140,16 @@ def attention_same_precision(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 def attention_fp8_same_precision(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, descales, spec: Spec, *,
-                                 inputs=None, p_shift: int = 8) -> torch.Tensor:
+                                 inputs=None, p_shift: int = 8, stale: tuple[int, float] | None = None) -> torch.Tensor:
     """The yardstick of fp8 kernels: what PyTorch computes rounding what such a kernel rounds.
 
     q8, k8, v8 in float8_e4m3fn, `descales` (q, k, v) as (batch, heads_kv) float32 tensors. Scores
     in float32 from the e4m3 values, scaled by softmax_scale * q_descale * k_descale; softmax in
     float32; P times 2^p_shift rounded to e4m3 for P @ V (float32), the sums taken unrounded; O
     divided by the sum and 2^p_shift, times v_descale. Returns float32 (batch, seqlen_q, heads_q, dv).
+    P is taken at each row's maximum, or, with `stale` = (tile_n, stale_log2), at the maxima a
+    kernel keeping stale ones uses (_kept_maxima_pv): then a row's largest P need not be 2^p_shift,
+    so it too is rounded.
     """
     heads_q = q8.shape[2]
     group = heads_q // k8.shape[2]
@@ -154,6 +159,12 @@ def attention_fp8_same_precision(q8: torch.Tensor, k8: torch.Tensor, v8: torch.T
     scale = (qd * kd * spec.softmax_scale)[:, :, None, None]
     scores = torch.einsum("bqhd,bkhd->bhqk", q8.float(), kx) * scale
     scores, sink = _logits(scores, spec, inputs)
+    if stale is not None:
+        if sink is not None:
+            raise ValueError("the kept-maxima yardstick has no sinks")
+        out, total = _kept_maxima_pv(scores, vx, *stale, p_shift)
+        norm = torch.where(total > 0, vd[:, :, None] / total, torch.zeros_like(total))
+        return out * norm.permute(0, 2, 1).unsqueeze(-1)
     top = scores.amax(dim=-1, keepdim=True)
     if sink is not None:
         top = torch.maximum(top, sink.unsqueeze(-1))
@@ -166,6 +177,28 @@ def attention_fp8_same_precision(q8: torch.Tensor, k8: torch.Tensor, v8: torch.T
     out = torch.einsum("bhqk,bkhd->bqhd", p8, vx)
     norm = torch.where(total > 0, vd[:, :, None] / total, torch.zeros_like(total))  # (b, h, sq)
     return out * norm.permute(0, 2, 1).unsqueeze(-1)
+
+
+def _kept_maxima_pv(scores: torch.Tensor, vx: torch.Tensor, tile_n: int, stale_log2: float, p_shift: int):
+    """(P @ V, row sums) as a kernel with kept maxima (the sm90 stale_max tuning) forms them from
+    float32 scores (batch, heads, sq, sk): key tiles of `tile_n` visited last to first; a row keeps
+    its reference max while the new one exceeds it by at most 2^stale_log2 in the exponent; P taken
+    at that reference times 2^p_shift, rounded to e4m3 for P @ V; earlier sums and products scaled
+    when the reference moves. A row with nothing visible yet takes exponents at 0."""
+    ref = torch.full(scores.shape[:-1], -math.inf, device=scores.device)
+    out = torch.zeros(*scores.shape[:-1], vx.shape[-1], device=scores.device)
+    total = torch.zeros(scores.shape[:-1], device=scores.device)
+    for start in reversed(range(0, scores.shape[-1], tile_n)):
+        tile = scores[..., start:start + tile_n]
+        new = torch.maximum(ref, tile.amax(dim=-1))
+        new = torch.where((new - ref) * math.log2(math.e) <= stale_log2, ref, new)
+        base = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+        factor = torch.exp(ref - base)
+        probs = torch.exp(tile - base[..., None]) * 2.0 ** p_shift
+        p8 = probs.to(torch.float8_e4m3fn).float()
+        out = out * factor[..., None] + torch.einsum("bhqk,bkhd->bhqd", p8, vx[:, start:start + tile_n])
+        total, ref = total * factor + probs.sum(dim=-1), new
+    return out.permute(0, 2, 1, 3), total
 
 
 def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,

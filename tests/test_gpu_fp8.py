@@ -76,13 +76,16 @@ def _check(spec, q8, k8, v8, descales, inputs=None):
     return _judge(spec, out, lse, q8, k8, v8, descales, inputs)
 
 
-def _p_shift(spec):
-    """The power of two the kernel scales P by before rounding it to e4m3 (less under stale_max,
-    whose P may reach 2^STALE_MAX_LOG2_FP8): the yardstick rounds P as the kernel does."""
+def _rounding(spec):
+    """How the kernel rounds P: its power of two before the e4m3 rounding (less under stale_max,
+    whose P may reach 2^STALE_MAX_LOG2_FP8) and, under stale_max, the kept maxima P is taken at
+    (key tile, threshold): the yardstick rounds P as the kernel does."""
     from fa_gen.runtime import current_arch
     from fa_gen.target import resolve_target
 
-    return resolve_target(spec, current_arch(), "forward").context()["p_shift"]
+    context = resolve_target(spec, current_arch(), "forward").context()
+    stale = context["stale_max_log2"]
+    return {"p_shift": context["p_shift"], "stale": None if stale is None else (context["tile"]["tile_n"], stale)}
 
 
 def _judge(spec, out, lse, q8, k8, v8, descales, inputs=None):
@@ -90,7 +93,7 @@ def _judge(spec, out, lse, q8, k8, v8, descales, inputs=None):
     assert out.dtype == _OUT[spec.output_dtype.value]
     q, k, v = (fp8.dequantize(x, d) for x, d in zip((q8, k8, v8), descales))
     ref, ref_lse = attention_reference(q, k, v, spec, inputs=inputs)
-    same = attention_fp8_same_precision(q8, k8, v8, descales, spec, inputs=inputs, p_shift=_p_shift(spec))
+    same = attention_fp8_same_precision(q8, k8, v8, descales, spec, inputs=inputs, **_rounding(spec))
     tol = 2 * (same.double() - ref).abs().max().item() + _rounding_floor(ref, out.dtype) + 1e-6
     err = (out.double() - ref).abs().max().item()
     assert torch.isfinite(out).all(), f"{spec.name}: non-finite output"
@@ -128,11 +131,13 @@ def test_fp8_forward_matches_reference(data, seed):
 
 
 def test_fp8_stale_max_yardstick_rounds_p_as_the_kernel():
-    """Hypothesis found this draw (session 26): under stale_max the kernel scales P by 2^4, not
-    2^8, before rounding it to e4m3; judged by a yardstick that rounded P at 2^8, its error (0.224)
-    exceeded twice the yardstick's (0.201). The yardstick now rounds P at the kernel's shift."""
+    """Hypothesis found this draw (session 26): a d256 causal stale_max kernel's error 0.224 against
+    a yardstick's 0.100 (bound: twice it). Under stale_max the kernel scales P by 2^4, not 2^8, and
+    takes it at kept maxima, so a row's largest P is rounded too (at the row's own maximum it is
+    exactly 2^shift): the yardstick now does both (on the CPU, the kept maxima's error runs up to
+    2.1x the plain one's over 40 draws of this shape). Pins the draw, and that the yardstick does."""
     spec = next(s for s in SPECS if s.name == "fp8_d256_causal_stale")
-    assert _p_shift(spec) == 4
+    assert _rounding(spec) == {"p_shift": 4, "stale": (128, 4.0)}
     g = torch.Generator(device="cuda").manual_seed(2)
     q8, qd = _draw(g, (1, 4, 1, 256), 200.0)
     k8, kd = _draw(g, (1, 133, 1, 256), 200.0)
