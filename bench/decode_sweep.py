@@ -15,8 +15,9 @@ CELLS = [c for c in bd.DECODE_CELLS if not os.environ.get("CELLS") or c.name in 
 
 
 def _patch(tname):
-    sm80.split_tile_config = lambda spec, arch: sm80.TileConfig(*TILES[tname])
+    sm80.split_tile_config = lambda spec, arch, wide=False: sm80.TileConfig(*TILES[tname])
     inf.inference_kernel.cache_clear()
+    inf.kind_tiles.cache_clear()
 
 
 def _build(tname, spec, kind):

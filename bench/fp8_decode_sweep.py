@@ -32,11 +32,12 @@ _default_split_tiles = sm80.split_tile_config
 
 
 def _patch(tname):
-    def split_tile_config(spec, arch):
+    def split_tile_config(spec, arch, wide=False):
         swept = spec.is_fp8 == FP8
-        return sm80.TileConfig(*TILES[tname]) if swept else _default_split_tiles(spec, arch)
+        return sm80.TileConfig(*TILES[tname]) if swept else _default_split_tiles(spec, arch, wide)
     sm80.split_tile_config = split_tile_config
     inf.inference_kernel.cache_clear()
+    inf.kind_tiles.cache_clear()
 
 
 def _build(tname, pack):

@@ -44,13 +44,17 @@ PAGE_SIZES = (1, 16, 32, 48, 64, 256)
 
 def _kinds(spec):
     from fa_gen.families.sm80 import gqa_packable
-    from fa_gen.inference import packed_kind
+    from fa_gen.inference import packed_kind, supports
+    from fa_gen.runtime import current_arch
 
     # Contiguous caches take the varlen split kinds too (fa_gen.api.kvcache._attend_contiguous).
     groups = GROUPS if gqa_packable(spec) else (1,)
     bases = ("forward_varlen_split_paged", "forward_varlen_split_paged_tiles", "forward_varlen_split_paged_groups",
              "forward_varlen_split")
-    return [packed_kind(base, g) for base in bases for g in groups]
+    kinds = [packed_kind(base, g) for base in bases for g in groups]
+    # Decode steps short of a wave take the wide twins of the contiguous kinds (64 x 128 tiles).
+    wide = [packed_kind("forward_varlen_split_wide", g) for g in groups]
+    return kinds + [kind for kind in wide if supports(spec, current_arch(), kind)]
 
 
 @pytest.fixture(scope="module")

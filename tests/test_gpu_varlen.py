@@ -56,10 +56,15 @@ def _kinds(spec):
     from fa_gen.families.sm80 import gqa_packable
     from fa_gen.inference import packed_kind
 
+    from fa_gen.inference import supports
+    from fa_gen.runtime import current_arch
+
     kinds = list(KINDS)
     if gqa_packable(spec):
         kinds += [packed_kind(k, g) for k in ("forward_varlen_split", "forward_split") for g in GROUPS]
-    return kinds
+    # The wide twins (64 x 128 tiles) that split calls short of a wave take, where the spec has them.
+    wide = [kind.replace("_split", "_split_wide") for kind in kinds if "_split" in kind]
+    return kinds + [kind for kind in wide if supports(spec, current_arch(), kind)]
 
 
 def _build(spec, arch, kind):
@@ -157,6 +162,7 @@ def test_varlen_matches_reference_per_sequence(arch, data, lengths, seed):
     num_splits = data.draw(st.sampled_from((0, 1, 3)), label="num_splits")
     pack = data.draw(st.sampled_from((None, False, True)), label="pack_gqa")
     used = data.draw(st.booleans(), label="seqused_k")
+    wide = data.draw(st.booleans(), label="wide_splits")
     from fa_gen.families.sm80 import gqa_packable
     if pack and (group == 1 or not gqa_packable(spec)):
         pack = None
@@ -166,18 +172,29 @@ def test_varlen_matches_reference_per_sequence(arch, data, lengths, seed):
     seqused = torch.tensor([sk for _, sk in lengths], dtype=torch.int32, device="cuda") if used else None
     inputs = _inputs(spec, generator, q.shape[1])
     max_q, max_k = max(sq for sq, _ in lengths), max(sk for _, sk in lengths) + max(extra, default=0)
-    out, lse = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, spec, seqused_k=seqused, inputs=inputs,
-                                num_splits=num_splits, pack_gqa=pack)
+    import fa_gen.inference as inference
+    try:
+        inference.WIDE_SPLITS = wide
+        out, lse = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, spec, seqused_k=seqused, inputs=inputs,
+                                    num_splits=num_splits, pack_gqa=pack)
+    finally:
+        inference.WIDE_SPLITS = True
     failures = _check_sequences(spec, q, k, v, out, lse, lengths, cu_q, cu_k, inputs)
-    assert not failures, f"{spec.name} splits={num_splits} pack={pack} heads={heads_kv}x{group}: " + "; ".join(failures)
+    assert not failures, f"{spec.name} splits={num_splits} pack={pack} wide={wide} heads={heads_kv}x{group}: " + \
+        "; ".join(failures)
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("pack", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 2, 5, 0])
 @pytest.mark.parametrize("name", ["vl_bf16_d128_1", "vl_fp16_d64_3", "softcap", "vl_bf16_d256_causal"])
-def test_fixed_length_split(arch, name, num_splits, pack):
-    """forward_split (decode-shaped and short prefill) with splits and GQA packing pinned."""
+def test_fixed_length_split(arch, monkeypatch, name, num_splits, pack, wide):
+    """forward_split (decode-shaped and short prefill) with splits, GQA packing and the wide
+    kinds (where the spec has them: these small grids take them unless WIDE_SPLITS is off) pinned."""
+    import fa_gen.inference as inference
     from fa_gen.inference import forward_split
+
+    monkeypatch.setattr(inference, "WIDE_SPLITS", wide)
 
     spec = next(s for s in SPECS if s.name == name)
     generator = torch.Generator(device="cuda").manual_seed(num_splits * 2 + pack)

@@ -161,13 +161,55 @@ def test_input_errors_before_any_device_work():
                                        ("causal_topleft_fp16_d96", "forward_varlen_split_paged_tiles"),
                                        # Row groups (one table entry a thread a key tile).
                                        ("causal_bf16_d128", "forward_varlen_split_paged_groups_pack4"),
-                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged_groups")])
+                                       ("causal_topleft_fp16_d96", "forward_varlen_split_paged_groups"),
+                                       # Wide key tiles (64 x 128) for grids a split fills.
+                                       ("causal_bf16_d128", "forward_split_wide_pack4"),
+                                       ("causal_topleft_fp16_d96", "forward_varlen_split_wide"),
+                                       ("softcap", "forward_varlen_split_wide_pack8")])
 def test_inference_kinds_compile(tmp_path, monkeypatch, arch, name, kind):
     from fa_gen.backends.cute_dsl import compile_to_object
 
     monkeypatch.setenv("CUTE_DSL_ARCH", arch)
     text = render(resolve_spec(name), arch, "sm80", kind=kind).text
     compile_to_object(text, arch, tmp_path / f"{kind}.o", label=f"{name} {kind}")
+
+
+def test_wide_split_kinds_take_128_key_tiles_where_they_fit():
+    """16-bit specs of head dims 65-128 have wide split kinds: 64 x 128 tiles, one CTA an SM on
+    Hopper; where those do not fit shared memory (sm_86: 99 KB a block) the 64 x 64 tiles."""
+    from fa_gen.families.sm80 import Sm80Family
+
+    family = Sm80Family()
+    d128 = resolve_spec("causal_bf16_d128")
+    assert "forward_split_wide_pack4" in family.call_kinds(d128) and "forward_varlen_split_wide" in family.call_kinds(d128)
+    for name in ("full_fp16_d64", "full_bf16_d256", "fp8_e4m3_d128"):
+        assert not [k for k in family.call_kinds(resolve_spec(name)) if "wide" in k], name
+    wide = family.kind_context(d128, "sm_90a", "forward_split_wide_pack4")
+    assert (wide["tile"]["tile_m"], wide["tile"]["tile_n"], wide["ctas_per_sm"]) == (64, 128, 1)
+    assert family.kind_context(d128, "sm_90a", "forward_split_pack4")["tile"]["tile_n"] == 64
+    assert family.kind_context(d128, "sm_86", "forward_split_wide_pack4")["tile"]["tile_n"] == 64
+
+
+def test_split_calls_short_of_a_wave_take_the_wide_kind(monkeypatch):
+    """H200-sized GPU (132 SMs, two CTAs saturate): decode b8 sk32k h32/8 (64 packed tiles) splits
+    the 64 x 64 grid, so it takes the wide kind at its own count; b64 sk8k (512 tiles) fills the
+    GPU unsplit and keeps the 64 x 64 kind; WIDE_SPLITS off keeps every call on it; specs without
+    wide kinds (d64) keep theirs."""
+    import fa_gen.inference as inference
+
+    def count(seqlen_k, heads_kv, batch):
+        return lambda t: inference.num_splits_for(-(-4 // t.tile_m) * heads_kv * batch, -(-seqlen_k // t.tile_n),
+                                                  132, t.ctas_per_sm, 2)
+
+    d128, d64 = resolve_spec("causal_bf16_d128"), resolve_spec("full_fp16_d64")
+    assert inference._split_kind(d128, "sm_90a", "forward_split", 4, count(32768, 8, 8)) == \
+        ("forward_split_wide_pack4", 2)
+    assert inference._split_kind(d128, "sm_90a", "forward_varlen_split", 4, count(32768, 8, 8)) == \
+        ("forward_varlen_split_wide_pack4", 2)
+    assert inference._split_kind(d128, "sm_90a", "forward_split", 4, count(8192, 8, 64)) == ("forward_split_pack4", 1)
+    assert inference._split_kind(d64, "sm_90a", "forward_split", 4, count(32768, 8, 8))[0] == "forward_split_pack4"
+    monkeypatch.setattr(inference, "WIDE_SPLITS", False)
+    assert inference._split_kind(d128, "sm_90a", "forward_split", 4, count(32768, 8, 8)) == ("forward_split_pack4", 4)
 
 
 def test_idle_warps_skip_the_mmas_in_split_kinds_only(monkeypatch):
@@ -184,7 +226,7 @@ def test_idle_warps_skip_the_mmas_in_split_kinds_only(monkeypatch):
     assert guarded("fp8_e4m3_d128", "forward_varlen_split_paged_pack8") == (2, 0)  # two warps
     assert guarded("full_bf16_d128", "forward", "sm_80") == (0, 2)
     assert guarded("document", "forward", "sm_80") == (0, 2)
-    monkeypatch.setattr(sm80, "split_tile_config", lambda spec, arch: sm80.TileConfig(16, 64, 1, 2))
+    monkeypatch.setattr(sm80, "split_tile_config", lambda spec, arch, wide=False: sm80.TileConfig(16, 64, 1, 2))
     assert guarded("full_bf16_d128", "forward_varlen_split_pack4") == (0, 2)
 
 

@@ -33,6 +33,8 @@ class CallKind(NamedTuple):
     # b1 sk128k p16: a third lookup for sizes dividing the tile (a copy row's page within a tile
     # fixed, no division per row) ran no faster (146.9 against 147.0 us) and was dropped.
     page_lookup: str = "row"
+    # Wide key tiles (split_tile_config): for grids a split must fill (fa_gen.inference._split_kind).
+    wide: bool = False
 
 
 # Forward kinds for inference calls. A packed kind puts PACK query heads of one KV head on the
@@ -50,14 +52,18 @@ INFERENCE_KINDS = {"forward_varlen": CallKind(True, False, 1), "forward_split": 
                    **{f"forward_varlen_split_paged_tiles_pack{g}": CallKind(True, True, g, True, "tile")
                       for g in GQA_PACKS},
                    **{f"forward_varlen_split_paged_groups_pack{g}": CallKind(True, True, g, True, "group")
-                      for g in GQA_PACKS}}
+                      for g in GQA_PACKS},
+                   "forward_split_wide": CallKind(False, True, 1, wide=True),
+                   "forward_varlen_split_wide": CallKind(True, True, 1, wide=True),
+                   **{f"forward_split_wide_pack{g}": CallKind(False, True, g, wide=True) for g in GQA_PACKS},
+                   **{f"forward_varlen_split_wide_pack{g}": CallKind(True, True, g, wide=True) for g in GQA_PACKS}}
 
 # e4m3 inputs (an fp8 spec): the KV-cache call's kinds only, the varlen split ones, contiguous or
 # paged (templates/common/fp8_staging.j2: e4m3 tiles staged in shared memory and converted to
 # fp16 by the threads that copied them; the MMAs run in fp16), on Hopper beside the sm90
 # family's fp8 forward. (The conversion needs sm_89 or later; on Ada and Blackwell this family
 # would be an fp8 spec's only one and serve none of its fixed-length calls, so it stays off there.)
-FP8_KINDS = tuple(kind for kind, call in INFERENCE_KINDS.items() if call.varlen and call.split)
+FP8_KINDS = tuple(kind for kind, call in INFERENCE_KINDS.items() if call.varlen and call.split and not call.wide)
 FP8_ARCHS = frozenset({"sm_90a"})
 
 # Attention dropout (templates/common/dropout.j2): the fixed-length and varlen forwards and
@@ -182,8 +188,9 @@ class Sm80Family(Family):
         shapes; these kinds list none and apply the element mask to every tile they visit
         (`listed` false). A sink logit enters split 0's partial only. An fp8 spec: FP8_KINDS."""
         packable = gqa_packable(spec)
+        wide = _wide_split_head_dims(spec)
         kinds = {kind: (self.forward_template, f"{kind}.py") for kind, call in INFERENCE_KINDS.items()
-                 if call.pack == 1 or packable}
+                 if (call.pack == 1 or packable) and (wide or not call.wide)}
         if spec.is_fp8:
             return {kind: files for kind, files in kinds.items() if kind in FP8_KINDS}
         dropout = {kind: (template, f"{kind}.py") for kind, template in DROPOUT_KINDS.items()}
@@ -207,7 +214,7 @@ class Sm80Family(Family):
             call = INFERENCE_KINDS[kind]
             context = {**call._asdict(), **_unlisted(expression_context(spec))}
             if call.split:
-                cfg = split_tile_config(spec, arch)
+                cfg = split_tile_config(spec, arch, call.wide)
                 smem = arch_info(arch).max_smem_per_block
                 context["tile"] = asdict(cfg)
                 # What the split count aims to fill (fa_gen.inference.num_splits_for).
@@ -289,7 +296,7 @@ class Sm80Family(Family):
         }
 
 
-def split_tile_config(spec: Spec, arch: str) -> TileConfig:
+def split_tile_config(spec: Spec, arch: str, wide: bool = False) -> TileConfig:
     """Tiles of the split-KV forward, made for few query rows (decode) against many keys: 64 rows
     over 4 warps (a 128-row tile would multiply the wasted MMA work of one query by 2). H200,
     decode (seqlen_q 1, bf16 and fp16, d 64 and 128, GQA packed): 64-key tiles read 0-4% faster
@@ -304,13 +311,32 @@ def split_tile_config(spec: Spec, arch: str) -> TileConfig:
     2026-11-27-s21/c3, c11), 64x64 / 32x64: b64 sk8k h32/8 3490 / 4605, b128 sk2k h64/8 3413 /
     4553, MQA 3033 / 4147 (bf16 2803-3068); 16x64 on one warp, once idle warps skip their MMAs,
     2% ahead at b64 and 2-6% behind at b8, b1 and b128 (and its per-row page lookups spill).
-    Falls back to the forward's tiles when none fits."""
+    Falls back to the forward's tiles when none fits.
+
+    `wide`: the wide kinds' tiles, 64 x 128 on 4 warps (one CTA an SM at d 128), for head dims
+    65-128 in 16 bits (_wide_split_head_dims), which fa_gen.inference takes where the 64 x 64 grid
+    is short of a wave and must be split. H200, decode h32/8 bf16 d128 at the split counts each
+    tile's heuristic picks (bench/decode_sweep.py, logs 2026-11-27-s27/c2, c3), 64 x 64 -> 64 x 128:
+    b8 sk32k 4,423 -> 4,505 GB/s, b1 sk128k 4,250 -> 4,307, MQA b32 sk16k h32/1 3,878 -> 3,904; on
+    grids of a wave or more, unsplit, they lose: b64 sk8k 4,526 -> 4,497, b128 sk2k h64/8 4,436 ->
+    4,229. Where 64 x 128 does not fit (shared memory), the 64 x 64 tiles."""
+    if wide and _wide_split_head_dims(spec):
+        if not _tile_reasons(WIDE_SPLIT_TILE, spec, arch):
+            return WIDE_SPLIT_TILE
     widest = max(padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v))
     narrow = (TileConfig(32, 64, 2, 2),) if widest <= 64 or spec.is_fp8 else ()
     for cfg in (*narrow, TileConfig(64, 64, 4, 2), TileConfig(64, 128, 4, 2)):
         if not _tile_reasons(cfg, spec, arch):
             return cfg
     return tile_config(spec, arch)
+
+
+WIDE_SPLIT_TILE = TileConfig(64, 128, 4, 2)
+
+
+def _wide_split_head_dims(spec: Spec) -> bool:
+    """Whether the spec has wide split kinds: 16-bit, widest head dim 65-128 (where they were measured)."""
+    return not spec.is_fp8 and 64 < max(padded_head_dim(spec.head_dim_qk), padded_head_dim(spec.head_dim_v)) <= 128
 
 
 def _atom_cols(spec: Spec) -> int:
