@@ -301,6 +301,24 @@ def fa_gen_split(spec, q, k, v):
                       call=f"fa_gen.inference.forward_split({_spec_label(spec)!r}, q, k, v)")
 
 
+def fa_gen_split_kinds(spec, q, k, v):
+    """The split kinds alone (fa_gen.inference.WHOLE_DECODE off): the route before one-query
+    calls that fill the GPU took the fixed-length forward with heads as rows."""
+    import fa_gen.inference as inference
+    from fa_gen.runtime import resolve_spec
+
+    resolved = resolve_spec(spec)
+
+    def call():
+        inference.WHOLE_DECODE = False
+        try:
+            return inference.forward_split(resolved, q, k, v)
+        finally:
+            inference.WHOLE_DECODE = True
+
+    return _with_meta(call, call=f"fa_gen.inference.forward_split({_spec_label(spec)!r}, q, k, v), WHOLE_DECODE off")
+
+
 def fa_gen_fp8(cell, q, k, v):
     """The KV-cache call on e4m3 copies of q, k, v (descales 1). GB/s still
     counts the cell's 16-bit K/V bytes, so this row reads half the bytes it is credited with: its
@@ -369,6 +387,9 @@ DECODE_IMPLS = {
     "fa_gen_attention": lambda cell, q, k, v: fa_gen_attention(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v),
     "fa_gen_raw": lambda cell, q, k, v: fa_gen_raw(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v),
     "fa_gen_split": lambda cell, q, k, v: fa_gen_split(fa_gen_spec(False, cell.dtype, cell.head_dim), q, k, v),
+    # Not run by default: the split kinds where heads-as-rows would serve the call.
+    "fa_gen_split_kinds": lambda cell, q, k, v: fa_gen_split_kinds(fa_gen_spec(False, cell.dtype, cell.head_dim),
+                                                                   q, k, v),
     # Not run by default: e4m3 K/V (its GB/s counts 16-bit bytes; see fa_gen_fp8).
     "fa_gen_fp8": fa_gen_fp8,
     "fa4": lambda cell, q, k, v: fa4_decode(q, k, v),

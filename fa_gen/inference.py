@@ -25,6 +25,7 @@ key tiles in TMA boxes inside pages, the box height a compile-time value from th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -35,9 +36,10 @@ from .combine import combine_splits
 from .errors import InputError, UnsupportedError
 from . import fp8
 from .plan import bind_arguments
-from .runtime import _check_strides, _TORCH_DTYPES, current_arch, load_target
+from .runtime import _check_strides, _TORCH_DTYPES, build, current_arch, load_target
 from .families.sm80 import GQA_PACKS
-from .spec import Spec
+from .spec import Alignment, MaskKind, Spec
+from .variant.tree import names_used
 from .target import resolve_target
 
 # Most splits one call uses (each writes rows * heads * d_v fp32 partials).
@@ -173,7 +175,9 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   inputs=None, arch: str | None = None, pack_gqa: bool | None = None):
     """(out, lse) of fixed-length q (b, sq, hq, d), k/v (b, sk, hkv, d) with the keys of each query
     tile split across `num_splits` CTAs (None: chosen from the shapes and the SM count), the query
-    heads of a KV head packed into one tile's rows when `pack_gqa` (None: when seqlen_q is short)."""
+    heads of a KV head packed into one tile's rows when `pack_gqa` (None: when seqlen_q is short).
+    One query whose tiles fill the GPU unsplit (num_splits None) takes the fixed-length forward
+    with the packed heads as query rows, where rows_spec finds one."""
     _check_fixed(spec, q, k, v)
     arch = arch or current_arch()
     batch, seqlen_q, heads_q, _ = q.shape
@@ -186,6 +190,9 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               _saturating_ctas(device))
 
     kind, splits = _split_kind(spec, arch, "forward_split", group, count)
+    whole = rows_spec(spec, arch) if WHOLE_DECODE and seqlen_q == 1 and splits == 1 and not num_splits else None
+    if whole is not None:
+        return _heads_as_rows(whole, arch, q, k, v, group, inputs)
     kern = inference_kernel(spec, arch, kind)
     splits = num_splits or splits
     _, extra = bind_arguments(spec, q, k, inputs)
@@ -205,6 +212,47 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _combine()(o_partial, lse_partial, out.view(rows, heads_q, spec.head_dim_v), lse_rows)
     if not direct:
         lse.copy_(lse_rows.view(heads_q, batch, seqlen_q).permute(1, 0, 2))
+    return out, lse
+
+
+# Whether one-query calls that fill the GPU unsplit take the fixed-length forward with query heads
+# as rows (rows_spec); GPU tests pin it off and on.
+WHOLE_DECODE = True
+
+
+@functools.lru_cache(maxsize=256)
+def rows_spec(spec: Spec, arch: str) -> Spec | None:
+    """The spec whose fixed-length forward serves a one-query call with each KV head's query heads
+    as query rows (_heads_as_rows), where the sm90 family renders it: its TMA producer streams K/V
+    faster than the split kinds' copying warps (H200, b64 sk8k, 8 / 8 heads, one query:
+    bench/decode_stream_probe.py 4,489 GB/s against 4,426, FlashAttention-4 4,495). None unless no
+    expression tells rows apart (reads h, q_idx or seqlen_q) and the one query sees every key (no
+    mask, or a bottom-right right window: causal); the mask then becomes none. Cached."""
+    exprs = (spec.score_mod_tree, spec.mask_tree, spec.sink_tree)
+    if spec.is_fp8 or spec.mask_expr is not None or spec.window_left is not None or \
+            any({"h", "q_idx", "seqlen_q"} & names_used(tree) for tree in exprs if tree is not None):
+        return None
+    if spec.window_right is not None and spec.alignment is not Alignment.BOTTOM_RIGHT:
+        return None
+    rows = dataclasses.replace(spec, mask=MaskKind.NONE, window_left=None, window_right=None)
+    try:
+        return rows if resolve_target(rows, arch, "forward").family.name == "sm90" else None
+    except UnsupportedError:
+        return None
+
+
+def _heads_as_rows(rows: Spec, arch: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, inputs):
+    """(out, lse) of one query (b, 1, hq, d) through the fixed-length forward of `rows`, the
+    `group` query heads of each KV head read as that head's query rows: views of q, out and lse,
+    no copies (head h = kv * group + g is row g of head kv)."""
+    batch, _, heads_q, head_dim = q.shape
+    heads_kv, dv = heads_q // group, rows.head_dim_v
+    out = q.new_empty((batch, 1, heads_q, dv))
+    lse = torch.empty((batch, heads_q, 1), dtype=torch.float32, device=q.device)
+    qv = q.as_strided((batch, group, heads_kv, head_dim), (q.stride(0), q.stride(2), group * q.stride(2), q.stride(3)),
+                      q.storage_offset())
+    ov = out.as_strided((batch, group, heads_kv, dv), (heads_q * dv, dv, group * dv, 1))
+    build(rows, arch).forward(qv, k, v, out=ov, lse=lse.view(batch, heads_kv, group), inputs=inputs)
     return out, lse
 
 

@@ -209,6 +209,53 @@ def test_fixed_length_split(arch, monkeypatch, name, num_splits, pack, wide):
         assert result.ok, f"{name} b={batch} sq={sq} sk={sk} {heads_kv}x{group}: {result}"
 
 
+ROWS_SPECS = ("causal_bf16_d128", "softcap", "causal_fp16_d64", "full_bf16_d256")
+
+
+@pytest.fixture(scope="module")
+def rows_specs(arch):
+    """The mask-free twins (fa_gen.inference.rows_spec) of ROWS_SPECS, compiled up front."""
+    from fa_gen.inference import rows_spec
+    from fa_gen.precompile import precompile
+
+    specs = {name: resolve_spec(name) for name in ROWS_SPECS}
+    if any(rows_spec(spec, arch) is None for spec in specs.values()):
+        pytest.skip(f"no family on {arch} serves one query with heads as rows")
+    jobs = int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0"))
+    if jobs > 1:
+        precompile([(rows_spec(spec, arch), arch) for spec in specs.values()], jobs=jobs, log=lambda *a: None)
+    return specs
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("name", ROWS_SPECS)
+def test_one_query_with_heads_as_rows(arch, rows_specs, monkeypatch, name, whole):
+    """A decode step whose tiles fill the GPU unsplit: with WHOLE_DECODE the fixed-length forward of
+    the spec's mask-free twin serves it, the query heads of each KV head as its query rows (views of
+    q, out and lse); judged against the reference of the spec itself (causal included: one query sees
+    every key). GQA 4 packed, GQA 2 unpacked (the kernel's own GQA), MHA; q a strided view into a
+    fused qkv tensor (its storage offset and head stride carried into the view)."""
+    import fa_gen.inference as inference
+
+    monkeypatch.setattr(inference, "WHOLE_DECODE", whole)
+    taken, heads_as_rows = [], inference._heads_as_rows
+    monkeypatch.setattr(inference, "_heads_as_rows", lambda *args: taken.append(args[0]) or heads_as_rows(*args))
+    spec = rows_specs[name]
+    dtype = torch.bfloat16 if spec.dtype.value == "bf16" else torch.float16
+    generator = torch.Generator(device="cuda").manual_seed(len(name) + whole)
+    for batch, sk, heads_kv, group, pack in ((96, 301, 8, 4, None), (64, 1000, 4, 2, False), (130, 77, 8, 1, None)):
+        heads_q = heads_kv * group
+        qkv = torch.randn(batch, 1, heads_q + 3, spec.head_dim_qk, generator=generator, device="cuda").to(dtype)
+        q = qkv[:, :, 3:]
+        k = torch.randn(batch, sk, heads_kv, spec.head_dim_qk, generator=generator, device="cuda").to(dtype)
+        v = torch.randn(batch, sk, heads_kv, spec.head_dim_v, generator=generator, device="cuda").to(dtype)
+        inputs = _inputs(spec, generator, heads_q)
+        out, lse = inference.forward_split(spec, q, k, v, inputs=inputs, pack_gqa=pack)
+        result = compare(spec, q, k, v, out, lse, inputs)
+        assert result.ok, f"{name} whole={whole} b={batch} sk={sk} {heads_kv}x{group}: {result}"
+    assert len(taken) == (3 if whole else 0) and all(not s.is_masked for s in taken)
+
+
 @pytest.mark.parametrize("name", ["vl_bf16_d128_0", "vl_bf16_d128_1", "vl_bf16_d128_3", "vl_fp16_d64_2",
                                   "vl_bf16_d256_causal", "softcap"])
 def test_whole_range_kernel_long_among_short(arch, name):

@@ -212,6 +212,22 @@ def test_split_calls_short_of_a_wave_take_the_wide_kind(monkeypatch):
     assert inference._split_kind(d128, "sm_90a", "forward_split", 4, count(32768, 8, 8)) == ("forward_split_pack4", 4)
 
 
+def test_rows_spec_keeps_what_one_query_with_heads_as_rows_computes():
+    """A one-query call may read each KV head's query heads as query rows of a mask-free twin only
+    where that changes nothing: no mask (or a bottom-right causal one, under which the query sees
+    every key) and no expression reading h, q_idx or seqlen_q; fp8 and Ampere keep the split kinds."""
+    from fa_gen.inference import rows_spec
+
+    twin = rows_spec(resolve_spec("causal_bf16_d128"), "sm_90a")
+    assert twin.mask.value == "none" and not twin.is_masked and twin.head_dim_qk == 128
+    assert rows_spec(resolve_spec("full_bf16_d128"), "sm_90a") == resolve_spec("full_bf16_d128")
+    assert rows_spec(resolve_spec("softcap"), "sm_90a").score_mod_expr is not None
+    for name in ("sliding_window_bf16_d128", "alibi", "causal_topleft_fp16_d96", "sink_logit", "document",
+                 "fp8_e4m3_d128"):
+        assert rows_spec(resolve_spec(name), "sm_90a") is None, name
+    assert rows_spec(resolve_spec("causal_bf16_d128"), "sm_80") is None
+
+
 def test_idle_warps_skip_the_mmas_in_split_kinds_only(monkeypatch):
     """A split kind of several warps renders the idle-warp check around its MMAs (a decode tile
     fills one warp's rows); one-warp tiles and the training forwards render none (their branch
