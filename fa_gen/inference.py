@@ -190,7 +190,8 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               _saturating_ctas(device))
 
     kind, splits = _split_kind(spec, arch, "forward_split", group, count)
-    whole = rows_spec(spec, arch) if WHOLE_DECODE and seqlen_q == 1 and splits == 1 and not num_splits else None
+    rows = WHOLE_DECODE and seqlen_q == 1 and splits == 1 and not num_splits and k.shape[1] >= ROWS_MIN_SEQLEN_K
+    whole = rows_spec(spec, arch) if rows else None
     if whole is not None:
         return _heads_as_rows(whole, arch, q, k, v, group, inputs)
     kern = inference_kernel(spec, arch, kind)
@@ -218,6 +219,10 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # Whether one-query calls that fill the GPU unsplit take the fixed-length forward with query heads
 # as rows (rows_spec); GPU tests pin it off and on.
 WHOLE_DECODE = True
+# Keys from which they do. H200, d128 (bench/bench_decode.py, the split kinds alone in the same run,
+# bench/results/logs/2026-11-27-s27/c6): b64 sk8k h32/8 bf16 4,551-4,602 GB/s against 4,516, fp16
+# 4,540 against 4,523; b128 sk2k h64/8 4,401 against 4,443 (a CTA's fixed costs over 16 key tiles).
+ROWS_MIN_SEQLEN_K = 8192
 
 
 @functools.lru_cache(maxsize=256)
@@ -227,9 +232,11 @@ def rows_spec(spec: Spec, arch: str) -> Spec | None:
     faster than the split kinds' copying warps (H200, b64 sk8k, 8 / 8 heads, one query:
     bench/decode_stream_probe.py 4,489 GB/s against 4,426, FlashAttention-4 4,495). None unless no
     expression tells rows apart (reads h, q_idx or seqlen_q) and the one query sees every key (no
-    mask, or a bottom-right right window: causal); the mask then becomes none. Cached."""
+    mask, or a bottom-right right window: causal); the mask then becomes none. Head dim 128 only:
+    at d64 the sm90 forward read 2,898 GB/s against the split kinds' 4,472 (b64 sk8k, H200, c6).
+    Cached."""
     exprs = (spec.score_mod_tree, spec.mask_tree, spec.sink_tree)
-    if spec.is_fp8 or spec.mask_expr is not None or spec.window_left is not None or \
+    if spec.is_fp8 or (spec.head_dim_qk, spec.head_dim_v) != (128, 128) or spec.mask_expr is not None or spec.window_left is not None or \
             any({"h", "q_idx", "seqlen_q"} & names_used(tree) for tree in exprs if tree is not None):
         return None
     if spec.window_right is not None and spec.alignment is not Alignment.BOTTOM_RIGHT:
