@@ -52,8 +52,9 @@ def main():
             ms = min(timer.median_ms(fn) for _ in range(3))
             rows.append(dict(cell=cell.name, path=name, ms=ms, gbps=round(bd.gbps(cell.kv_bytes, ms)), err=err))
             print(rows[-1], flush=True)
-    json.dump({"copy": copy, "rows": rows}, open(os.path.join(os.environ.get("OUT", "/tmp"), "decode_stream_probe.json"), "w"),
-              indent=1)
+    path = os.path.join(os.environ.get("OUT", "/tmp"), "decode_stream_probe.json")
+    with open(path, "w") as f:
+        json.dump({"copy": copy, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

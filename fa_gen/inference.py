@@ -190,8 +190,7 @@ def forward_split(spec: Spec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               _saturating_ctas(device))
 
     kind, splits = _split_kind(spec, arch, "forward_split", group, count)
-    rows = WHOLE_DECODE and seqlen_q == 1 and splits == 1 and not num_splits and k.shape[1] >= ROWS_MIN_SEQLEN_K
-    whole = rows_spec(spec, arch) if rows else None
+    whole = _rows_route(spec, arch, q, k, splits, num_splits)
     if whole is not None:
         return _heads_as_rows(whole, arch, q, k, v, group, inputs)
     kern = inference_kernel(spec, arch, kind)
@@ -225,6 +224,13 @@ WHOLE_DECODE = True
 ROWS_MIN_SEQLEN_K = 8192
 
 
+def _rows_route(spec: Spec, arch: str, q: torch.Tensor, k: torch.Tensor, splits: int, num_splits) -> Spec | None:
+    """rows_spec for a fixed-length call that may take it: WHOLE_DECODE on, one query of a
+    non-empty batch, tiles that fill the GPU unsplit (no num_splits asked), ROWS_MIN_SEQLEN_K keys."""
+    one_query = q.shape[1] == 1 and q.shape[0] > 0 and k.shape[1] >= ROWS_MIN_SEQLEN_K
+    return rows_spec(spec, arch) if WHOLE_DECODE and one_query and splits == 1 and not num_splits else None
+
+
 @functools.lru_cache(maxsize=256)
 def rows_spec(spec: Spec, arch: str) -> Spec | None:
     """The spec whose fixed-length forward serves a one-query call with each KV head's query heads
@@ -236,10 +242,11 @@ def rows_spec(spec: Spec, arch: str) -> Spec | None:
     at d64 the sm90 forward read 2,898 GB/s against the split kinds' 4,472 (b64 sk8k, H200, c6).
     Cached."""
     exprs = (spec.score_mod_tree, spec.mask_tree, spec.sink_tree)
-    if spec.is_fp8 or (spec.head_dim_qk, spec.head_dim_v) != (128, 128) or spec.mask_expr is not None or spec.window_left is not None or \
-            any({"h", "q_idx", "seqlen_q"} & names_used(tree) for tree in exprs if tree is not None):
+    if any({"h", "q_idx", "seqlen_q"} & names_used(tree) for tree in exprs if tree is not None):
         return None
-    if spec.window_right is not None and spec.alignment is not Alignment.BOTTOM_RIGHT:
+    sees_every_key = spec.mask_expr is None and spec.window_left is None and \
+        (spec.window_right is None or spec.alignment is Alignment.BOTTOM_RIGHT)
+    if spec.is_fp8 or (spec.head_dim_qk, spec.head_dim_v) != (128, 128) or not sees_every_key:
         return None
     rows = dataclasses.replace(spec, mask=MaskKind.NONE, window_left=None, window_right=None)
     try:

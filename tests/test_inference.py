@@ -181,7 +181,8 @@ def test_wide_split_kinds_take_128_key_tiles_where_they_fit():
 
     family = Sm80Family()
     d128 = resolve_spec("causal_bf16_d128")
-    assert "forward_split_wide_pack4" in family.call_kinds(d128) and "forward_varlen_split_wide" in family.call_kinds(d128)
+    kinds = family.call_kinds(d128)
+    assert "forward_split_wide_pack4" in kinds and "forward_varlen_split_wide" in kinds
     for name in ("full_fp16_d64", "full_bf16_d256", "fp8_e4m3_d128"):
         assert not [k for k in family.call_kinds(resolve_spec(name)) if "wide" in k], name
     wide = family.kind_context(d128, "sm_90a", "forward_split_wide_pack4")
@@ -227,6 +228,21 @@ def test_rows_spec_keeps_what_one_query_with_heads_as_rows_computes():
                  "fp8_e4m3_d128", "causal_fp16_d64", "full_bf16_d256"):
         assert rows_spec(resolve_spec(name), "sm_90a") is None, name
     assert rows_spec(resolve_spec("causal_bf16_d128"), "sm_80") is None
+
+
+def test_rows_route_only_for_one_query_unsplit_long_calls(monkeypatch):
+    import fa_gen.inference as inference
+
+    spec = resolve_spec("causal_bf16_d128")
+    q, k = torch.empty(4, 1, 32, 128, device="meta"), torch.empty(4, 8192, 8, 128, device="meta")
+    assert inference._rows_route(spec, "sm_90a", q, k, 1, None) == inference.rows_spec(spec, "sm_90a") is not None
+    assert inference._rows_route(spec, "sm_90a", q, k, 2, None) is None  # the grid needs splits
+    assert inference._rows_route(spec, "sm_90a", q, k, 1, 1) is None  # num_splits asked for
+    assert inference._rows_route(spec, "sm_90a", q.expand(4, 2, 32, 128), k, 1, None) is None  # two queries
+    assert inference._rows_route(spec, "sm_90a", q[:0], k[:0], 1, None) is None  # empty batch
+    assert inference._rows_route(spec, "sm_90a", q, k[:, :8191], 1, None) is None
+    monkeypatch.setattr(inference, "WHOLE_DECODE", False)
+    assert inference._rows_route(spec, "sm_90a", q, k, 1, None) is None
 
 
 def test_idle_warps_skip_the_mmas_in_split_kinds_only(monkeypatch):
