@@ -38,6 +38,7 @@ from . import fp8
 from .plan import bind_arguments
 from .runtime import _check_strides, _TORCH_DTYPES, build, current_arch, load_target
 from .families.sm80 import GQA_PACKS
+from .families.sm90 import SEQUSED_KIND
 from .spec import Alignment, MaskKind, Spec
 from .variant.tree import names_used
 from .target import resolve_target
@@ -257,8 +258,16 @@ def rows_spec(spec: Spec, arch: str) -> Spec | None:
 
 def _heads_as_rows(rows: Spec, arch: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, inputs):
     """(out, lse) of one query (b, 1, hq, d) through the fixed-length forward of `rows`, the
-    `group` query heads of each KV head read as that head's query rows: views of q, out and lse,
-    no copies (head h = kv * group + g is row g of head kv)."""
+    `group` query heads of each KV head read as that head's query rows (_rows_views)."""
+    out, lse, views = _rows_views(rows, q, group)
+    build(rows, arch).forward(*views[:1], k, v, out=views[1], lse=views[2], inputs=inputs)
+    return out, lse
+
+
+def _rows_views(rows: Spec, q: torch.Tensor, group: int):
+    """out (b, 1, hq, dv) and lse (b, hq, 1), new, and the views of q, out and lse with the
+    `group` query heads of each KV head as its rows: (b, group, hkv, d), (b, group, hkv, dv) and
+    (b, hkv, group); no copies (head h = kv * group + g is row g of head kv)."""
     batch, _, heads_q, head_dim = q.shape
     heads_kv, dv = heads_q // group, rows.head_dim_v
     out = q.new_empty((batch, 1, heads_q, dv))
@@ -266,7 +275,35 @@ def _heads_as_rows(rows: Spec, arch: str, q: torch.Tensor, k: torch.Tensor, v: t
     qv = q.as_strided((batch, group, heads_kv, head_dim), (q.stride(0), q.stride(2), group * q.stride(2), q.stride(3)),
                       q.storage_offset())
     ov = out.as_strided((batch, group, heads_kv, dv), (heads_q * dv, dv, group * dv, 1))
-    build(rows, arch).forward(qv, k, v, out=ov, lse=lse.view(batch, heads_kv, group), inputs=inputs)
+    return out, lse, (qv, ov, lse.view(batch, heads_kv, group))
+
+
+def cache_rows_route(spec: Spec, arch: str, q: torch.Tensor, k_cache: torch.Tensor, pack_gqa) -> tuple | None:
+    """(rows spec, group) where a contiguous KV-cache decode step (q (b, 1, hq, d), k_cache (b,
+    capacity, hkv, d)) may take forward_cache_rows: what _rows_route asks of a fixed-length call,
+    the capacity standing for the longest sequence (as the split counts take it), and a family
+    rendering the rows spec's SEQUSED_KIND. None otherwise: the call keeps to forward_varlen."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    one_row_each = seqlen_q == 1 and batch > 0 and k_cache.shape[0] == batch  # cache row b is sequence b
+    if not WHOLE_DECODE or not one_row_each or k_cache.shape[1] < ROWS_MIN_SEQLEN_K:
+        return None
+    group = gqa_pack(spec, arch, "forward_varlen_split", heads_q // k_cache.shape[2], 1, pack_gqa)
+    tiles = kind_tiles(spec, arch, packed_kind("forward_varlen_split", group))
+    if tiles is None or _varlen_splits(tiles, 1, k_cache.shape[1], heads_q, batch, group, q.device) != 1:
+        return None
+    rows = rows_spec(spec, arch)
+    return (rows, group) if rows is not None and supports(rows, arch, SEQUSED_KIND) else None
+
+
+def forward_cache_rows(rows: Spec, arch: str, group: int, q: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, seqused_k: torch.Tensor, inputs=None):
+    """(out (b, 1, hq, dv), lse (b, hq, 1)) of one query per sequence against a contiguous cache
+    (b, capacity, hkv, d) of which sequence b uses its first seqused_k[b] keys, through the
+    SEQUSED_KIND forward of `rows` with the query heads of each KV head as its rows. Slots past a
+    sequence's length may hold anything: their scores are masked and their V rows zeroed."""
+    out, lse, (qv, ov, lv) = _rows_views(rows, q, group)
+    _, extra = bind_arguments(rows, qv, k_cache, inputs)
+    inference_kernel(rows, arch, SEQUSED_KIND).function(qv, k_cache, v_cache, ov, lv, seqused_k, *extra)
     return out, lse
 
 

@@ -66,6 +66,7 @@ def arch():
     arch = current_arch()
     work = [(spec, arch, kind) for spec in SPECS for kind in _kinds(spec)]
     work += sorted({_whole_kind(spec, arch, p) for spec in WHOLE_SPECS for p in WHOLE_PAGE_SIZES} - {None}, key=str)
+    work += [(rows, arch, "forward_seqused") for rows in map(lambda s: _rows_spec(s, arch), ROWS_SPECS) if rows]
     precompile_kinds(work, int(os.environ.get("FA_GEN_PRECOMPILE_JOBS", "0")))
     return arch
 
@@ -76,6 +77,16 @@ WHOLE_PAGE_SIZES = (8, 16, 24, 48, 64, 128, 256, 512)
 # Its specs: those above that it serves (no mask expression, no sink logit), and head dims whose
 # key tiles are 96 rows (boxes of 8 / 16 / 24 / 32 / 48) and 128 rows beside a narrower V.
 WHOLE_SPECS = SPECS + [resolve_spec("causal_topleft_fp16_d96"), resolve_spec("causal_bf16_qk192_v128")]
+
+
+# Specs of the heads-as-rows decode test (fa_gen.inference.cache_rows_route).
+ROWS_SPECS = (resolve_spec("causal_bf16_d128"), resolve_spec("softcap"))
+
+
+def _rows_spec(spec, arch):
+    from fa_gen.inference import rows_spec
+
+    return rows_spec(spec, arch)
 
 
 def _whole_kind(spec, arch, page_size):
@@ -191,6 +202,38 @@ class Case:
             if not result.ok:
                 failures.append(f"sequence {b} {result}")
         return failures
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("spec", ROWS_SPECS, ids=lambda s: s.name)
+def test_kvcache_decode_heads_as_rows(arch, monkeypatch, spec, whole):
+    """A contiguous cache's decode step whose tiles fill the GPU: with WHOLE_DECODE the query heads
+    of each KV head go as query rows through the forward_seqused kind of the spec's mask-free twin
+    (the slots bound lowered so that 30 sequences of up to 700 keys take it); every sequence judged
+    against its own reference, lengths 0, 1, tile edges and odd ones, NaN in every slot a sequence
+    does not own, with and without a token appended first."""
+    import fa_gen.api.kvcache as kvcache
+    import fa_gen.inference as inference
+
+    if _rows_spec(spec, arch) is None:
+        pytest.skip(f"no family on {arch} serves the heads-as-rows decode")
+    monkeypatch.setattr(inference, "WHOLE_DECODE", whole)
+    monkeypatch.setattr(inference, "ROWS_MIN_SEQLEN_K", 64)
+    taken, forward_cache_rows = [], kvcache.forward_cache_rows
+    monkeypatch.setattr(kvcache, "forward_cache_rows", lambda *args: taken.append(args[0]) or forward_cache_rows(*args))
+    generator = torch.Generator(device="cuda").manual_seed(17 + whole)
+    lengths = [0, 1, 2, 63, 64, 65, 127, 128, 129, 699, 700] + torch.randint(
+        0, 701, (19,), generator=generator, device="cuda").tolist()
+    for seqlen_new in (0, 1):
+        case = Case(spec, lengths, 1, seqlen_new, (32, 8), generator, None, slack=5, shuffle=False)
+        # One cache row per sequence (Case keeps a spare row): the route reads cache row b as sequence b.
+        case.k_cache, case.v_cache = case.k_cache[:len(lengths)], case.v_cache[:len(lengths)]
+        inputs = _inputs(spec, generator, 32)
+        out, lse = case.call(inputs=inputs)
+        assert out.shape == (30, 1, 32, spec.head_dim_v) and lse.shape == (30, 32, 1)
+        failures = case.failures(out, lse, inputs)
+        assert not failures, f"{spec.name} whole={whole} new={seqlen_new}: " + "; ".join(failures)
+    assert len(taken) == (2 if whole else 0) and all(not s.is_masked for s in taken)
 
 
 def _same(a, b):

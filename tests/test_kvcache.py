@@ -178,6 +178,49 @@ def test_whole_range_paged_kinds_compile(tmp_path, monkeypatch, name, kind):
     compile_to_object(text, "sm_90a", tmp_path / f"{kind}.o", label=f"{name} {kind}")
 
 
+def test_seqused_kind_reads_each_sequences_key_count():
+    """forward_seqused: the fixed-length forward with seqused_k (a contiguous cache's used slots);
+    its tail tile's V rows are zeroed; the plain forward renders neither."""
+    text = render(resolve_spec("full_bf16_d128"), "sm_90a", "sm90", kind="forward_seqused").text
+    assert "mSeqUsedK: cute.Tensor" in text and "seqlen_k = mSeqUsedK[batch]" in text
+    assert "seqlen_k[batch]" in text and "def zero_tail_values" in text
+    plain = render(resolve_spec("full_bf16_d128"), "sm_90a", "sm90", kind="forward").text
+    assert "mSeqUsedK" not in plain and "zero_tail_values" not in plain
+
+
+@pytest.mark.parametrize("name", ["full_bf16_d128", "softcap"])
+def test_seqused_kind_compiles(tmp_path, monkeypatch, name):
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    text = render(resolve_spec(name), "sm_90a", "sm90", kind="forward_seqused").text
+    compile_to_object(text, "sm_90a", tmp_path / "forward_seqused.o", label=f"{name} forward_seqused")
+
+
+def test_cache_rows_route_conditions(monkeypatch):
+    """A contiguous cache's one-query step that fills the GPU (H200-sized: 132 SMs, two saturating
+    CTAs) at d128 with >= 8k slots takes the rows route; short caches, small batches (the grid
+    needs splits), more queries, a cache of more rows than sequences, d64 and WHOLE_DECODE off
+    keep to forward_varlen."""
+    import fa_gen.inference as inference
+
+    monkeypatch.setattr(inference, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(inference, "_saturating_ctas", lambda index: 2)
+    spec = resolve_spec("causal_bf16_d128")
+    q, cache = torch.empty(64, 1, 32, 128, device="meta"), torch.empty(64, 8192, 8, 128, device="meta")
+    rows, group = inference.cache_rows_route(spec, "sm_90a", q, cache, None)
+    assert group == 4 and not rows.is_masked and rows.head_dim_qk == 128
+    assert inference.cache_rows_route(spec, "sm_90a", q, cache[:, :4096], None) is None
+    assert inference.cache_rows_route(spec, "sm_90a", q[:8], cache[:8], None) is None
+    assert inference.cache_rows_route(spec, "sm_90a", q.expand(64, 2, 32, 128), cache, None) is None
+    more_rows = torch.empty(65, 8192, 8, 128, device="meta")
+    assert inference.cache_rows_route(spec, "sm_90a", q, more_rows, None) is None
+    d64 = resolve_spec("causal_fp16_d64")
+    assert inference.cache_rows_route(d64, "sm_90a", q[..., :64], cache[..., :64], None) is None
+    monkeypatch.setattr(inference, "WHOLE_DECODE", False)
+    assert inference.cache_rows_route(spec, "sm_90a", q, cache, None) is None
+
+
 def test_paged_render_reads_pages():
     text = render(resolve_spec(SPEC), "sm_90a", "sm80", kind="forward_varlen_split_paged_pack4").text
     assert "class PagedKV" in text and "mPageTable: cute.Tensor" in text

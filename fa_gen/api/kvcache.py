@@ -22,7 +22,7 @@ import torch
 from ..append import Rotary, append_to_cache
 from ..autograd import spec_from_key, spec_key
 from ..errors import InputError, UnsupportedError
-from ..inference import forward_paged, forward_varlen
+from ..inference import cache_rows_route, forward_cache_rows, forward_paged, forward_varlen
 from ..mla import mla_decode
 from ..runtime import _TORCH_DTYPES, current_arch
 from ..spec import MLA_HEAD_DIMS, MaskKind, Spec
@@ -127,6 +127,11 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
     seqused = lengths + seqlen_new if seqlen_new else lengths
     if mla:
         return _attend_mla(spec, q, k_cache, seqused, page_table, num_splits)
+    # A contiguous cache's decode step that fills the GPU: Hopper's TMA forward, heads as rows.
+    plain = page_table is None and cache_batch_idx is None and extras.cache_leftpad is None and not num_splits
+    rows = cache_rows_route(spec, arch, q, k_cache, pack_gqa) if plain and extras.descales is None else None
+    if rows is not None:
+        return forward_cache_rows(rows[0], arch, rows[1], q, k_cache, v_cache, seqused, inputs)
     # [0, seqlen_q, 2 seqlen_q, ...], kept per shape: no launch per step.
     cu_q = uniform_offsets(batch, seqlen_q, q.device)
     packed_q = q.reshape(batch * seqlen_q, heads_q, q.shape[-1])

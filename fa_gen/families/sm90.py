@@ -223,6 +223,10 @@ VARLEN_KIND = "forward_varlen"
 # arrive by TMA boxes of `page_box` rows, each inside one page (sm90/paged_kv.j2). The box is
 # gcd(page size, tile_n) and a whole number of 8-row swizzle atoms, so a kind per box size.
 PAGED_KIND = "forward_varlen_paged"
+# The fixed-length forward over a KV cache's (batch, capacity) rows, of which sequence b uses its
+# first seqused_k[b] keys (a runtime tensor): what a contiguous cache's decode step calls with the
+# query heads of a KV head as its query rows (fa_gen.inference.forward_cache_rows).
+SEQUSED_KIND = "forward_seqused"
 # The fixed-length forward with attention dropout (templates/common/dropout.j2), per call.
 DROPOUT_KIND = "forward_dropout"
 VARLEN_DROPOUT_KIND = "forward_varlen_dropout"
@@ -377,6 +381,7 @@ class Sm90Family(Family):
                 kinds[SHIFTED_BACKWARD_KIND] = ("backward.py.j2", f"{SHIFTED_BACKWARD_KIND}.py")
         if not varlen_reasons(spec):
             kinds[VARLEN_KIND] = (self.forward_template, f"{VARLEN_KIND}.py")
+            kinds[SEQUSED_KIND] = (self.forward_template, f"{SEQUSED_KIND}.py")
             kinds[VARLEN_DROPOUT_KIND] = (self.forward_template, f"{VARLEN_DROPOUT_KIND}.py")
             for box in page_boxes(tile_config(spec).tile_n):
                 kinds[f"{PAGED_KIND}_b{box}"] = (self.forward_template, f"{PAGED_KIND}_b{box}.py")
@@ -389,6 +394,8 @@ class Sm90Family(Family):
     def kind_context(self, spec: Spec, arch: str, kind: str) -> dict:
         if kind == VARLEN_KIND:
             return {"varlen": True}
+        if kind == SEQUSED_KIND:
+            return {"seqused": True}
         if kind == DROPOUT_KIND:
             return {"dropout": True}
         if kind == SHIFTED_KIND:
@@ -420,7 +427,7 @@ class Sm90Family(Family):
     def kind_reasons(self, spec: Spec, kind: str) -> list[str]:
         if spec.is_fp8:
             return fp8_reasons(spec, kind)
-        if kind == VARLEN_KIND or kind.startswith(PAGED_KIND + "_b"):
+        if kind in (VARLEN_KIND, SEQUSED_KIND) or kind.startswith(PAGED_KIND + "_b"):
             return varlen_reasons(spec)
         if kind == SHORT_KIND:
             return short_tiles_reasons(spec)
@@ -474,6 +481,8 @@ class Sm90Family(Family):
             "expr": expression_context(spec),
             # Call features (kind_context sets them for the per-call kinds).
             "varlen": False,
+            # Fixed-length tensors, each sequence's key count from seqused_k (SEQUSED_KIND).
+            "seqused": False,
             "dropout": False,
             "shifted": False,
             # TMA box rows of a paged kind's K/V loads; 0: K/V are contiguous.
