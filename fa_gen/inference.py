@@ -300,7 +300,11 @@ def forward_cache_rows(rows: Spec, arch: str, group: int, q: torch.Tensor, k_cac
     """(out (b, 1, hq, dv), lse (b, hq, 1)) of one query per sequence against a contiguous cache
     (b, capacity, hkv, d) of which sequence b uses its first seqused_k[b] keys, through the
     SEQUSED_KIND forward of `rows` with the query heads of each KV head as its rows. Slots past a
-    sequence's length may hold anything: their scores are masked and their V rows zeroed."""
+    sequence's length may hold anything: their scores are masked and their V rows zeroed.
+    The caller (fa_gen.api.kvcache) checked the shapes, dtypes and devices; the strides the
+    kernel needs are checked here."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_strides(name, t)
     out, lse, (qv, ov, lv) = _rows_views(rows, q, group)
     _, extra = bind_arguments(rows, qv, k_cache, inputs)
     inference_kernel(rows, arch, SEQUSED_KIND).function(qv, k_cache, v_cache, ov, lv, seqused_k, *extra)

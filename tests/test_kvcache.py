@@ -221,6 +221,23 @@ def test_cache_rows_route_conditions(monkeypatch):
     assert inference.cache_rows_route(spec, "sm_90a", q, cache, None) is None
 
 
+def test_cache_rows_checks_strides_before_any_kernel(monkeypatch):
+    """forward_cache_rows (reached after the API's shape, dtype and device checks) refuses a cache
+    whose last dimension is not contiguous, or a broadcast q, before it builds anything."""
+    import fa_gen.inference as inference
+
+    monkeypatch.setattr(inference, "inference_kernel", lambda *args: pytest.fail("built a kernel"))
+    spec = resolve_spec("full_bf16_d128")
+    q = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16)
+    cache = torch.randn(2, 64, 2, 128, dtype=torch.bfloat16)
+    strided = torch.randn(2, 64, 2, 256, dtype=torch.bfloat16)[..., ::2]
+    lengths = torch.tensor([3, 64], dtype=torch.int32)
+    with pytest.raises(InputError, match="k_cache must have a contiguous last dimension"):
+        inference.forward_cache_rows(spec, "sm_90a", 4, q, strided, cache, lengths)
+    with pytest.raises(InputError, match="q is a broadcast view"):
+        inference.forward_cache_rows(spec, "sm_90a", 4, q[:1].expand(2, 1, 8, 128), cache, cache, lengths)
+
+
 def test_paged_render_reads_pages():
     text = render(resolve_spec(SPEC), "sm_90a", "sm80", kind="forward_varlen_split_paged_pack4").text
     assert "class PagedKV" in text and "mPageTable: cute.Tensor" in text
