@@ -285,14 +285,14 @@ def cache_rows_route(spec: Spec, arch: str, q: torch.Tensor, k_cache: torch.Tens
     rendering the rows spec's SEQUSED_KIND. None otherwise: the call keeps to forward_varlen."""
     batch, seqlen_q, heads_q, _ = q.shape
     one_row_each = seqlen_q == 1 and batch > 0 and k_cache.shape[0] == batch  # cache row b is sequence b
-    if not WHOLE_DECODE or not one_row_each or k_cache.shape[1] < ROWS_MIN_SEQLEN_K:
+    rows = rows_spec(spec, arch) if WHOLE_DECODE and one_row_each and k_cache.shape[1] >= ROWS_MIN_SEQLEN_K else None
+    if rows is None or kind_tiles(rows, arch, SEQUSED_KIND) is None:  # cached: no resolve per step
         return None
     group = gqa_pack(spec, arch, "forward_varlen_split", heads_q // k_cache.shape[2], 1, pack_gqa)
     tiles = kind_tiles(spec, arch, packed_kind("forward_varlen_split", group))
     if tiles is None or _varlen_splits(tiles, 1, k_cache.shape[1], heads_q, batch, group, q.device) != 1:
         return None
-    rows = rows_spec(spec, arch)
-    return (rows, group) if rows is not None and supports(rows, arch, SEQUSED_KIND) else None
+    return rows, group
 
 
 def forward_cache_rows(rows: Spec, arch: str, group: int, q: torch.Tensor, k_cache: torch.Tensor,

@@ -129,7 +129,7 @@ def _attend(spec, q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, 
         return _attend_mla(spec, q, k_cache, seqused, page_table, num_splits)
     # A contiguous cache's decode step that fills the GPU: Hopper's TMA forward, heads as rows.
     plain = page_table is None and cache_batch_idx is None and extras.cache_leftpad is None and not num_splits
-    rows = cache_rows_route(spec, arch, q, k_cache, pack_gqa) if plain and not spec.is_fp8 else None
+    rows = cache_rows_route(spec, arch, q, k_cache, pack_gqa) if plain else None
     if rows is not None:
         return forward_cache_rows(rows[0], arch, rows[1], q, k_cache, v_cache, seqused, inputs)
     # [0, seqlen_q, 2 seqlen_q, ...], kept per shape: no launch per step.
