@@ -235,6 +235,36 @@ def test_deterministic_is_bitwise_stable(kernels, name):
     assert check_backward(kernels[name], shape, seed=7, deterministic=True).ok
 
 
+def _poisoned_workspace(real):
+    """fa_gen's workspace allocator, the workspaces then filled with what a reused allocation may
+    hold: NaN in the fp32 parts, a large count in the semaphores."""
+    def poisoned(*args):
+        parts = real(*args)
+        for part in parts[:-1]:
+            part.fill_(float("nan"))
+        parts[-1].fill_(0x3FFFFFF)
+        return parts
+    return poisoned
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["any_order", "deterministic"])
+@pytest.mark.parametrize("name", ["v_bf16_d128_causal", "v_fp16_d64_window_100_7"])
+def test_workspace_contents_are_never_read(kernels, name, deterministic, monkeypatch):
+    """The workspaces are allocated uninitialised, and the pre-pass writes every word the other
+    kernels read (the zeroed dQ accumulator, each row's LSE and D, the semaphores): workspaces
+    full of NaN give exact, finite gradients, also where whole query tiles see no key
+    (bottom-right causal, seqlen_q > seqlen_k) and where many key tiles add into one query tile.
+    (It guards designs that skip a part of that, e.g. a first key tile storing its dQ rather
+    than adding it to zeros: branch wip/bwd-dq-first-store.)"""
+    import fa_gen.backward
+
+    monkeypatch.setattr(fa_gen.backward, "_workspace", _poisoned_workspace(fa_gen.backward._workspace))
+    shapes = [Shape(1, 1000, 257, 8, 1), Shape(2, 700, 1900, 4, 2), Shape(1, 1, 300, 2, 2)]
+    failures = [str(r) for r in (check_backward(kernels[name], shape, seed=i, deterministic=deterministic)
+                                 for i, shape in enumerate(shapes)) if not r.ok]
+    assert not failures, f"{name}:\n" + "\n".join(failures)
+
+
 @pytest.mark.parametrize("name", ["v_bf16_d128_causal", "v_fp16_d64_window_100_7"])
 def test_attention_autograd_matches_reference(kernels, name):
     """The user path: fa_gen.attention (custom op, the preferred forward family) then autograd."""
