@@ -28,9 +28,14 @@
 #                                             simulated one (tests/test_gpu_ring_nccl.py), then throughput (torchrun; bench/bench_ring.py)
 #   bash bench/device_batch.sh COMMIT e2e     a 1B Llama-style model in transformers, fa_gen vs SDPA:
 #                                             prefill and decode tokens/s, attention share (bench/bench_e2e.py)
+#   bash bench/device_batch.sh COMMIT bwdtests  the backward suites (fixed length, varlen), each under a timeout
+#                                             (a hung kernel reads as rc 124 rather than eating the call)
+#   bash bench/device_batch.sh COMMIT bwdab BASE  this tree's backward against .ab/BASE (made here first with
+#                                             `python bench/ab_sources.py prepare BASE`), two rounds, bf16
+#                                             d64 and d128 at 1k, 2k and 4k beside FA4 (bench/ab_sources.py)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, fp8, dropout, mla, longrun, sanitize, ring or e2e}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, fp8, dropout, mla, longrun, sanitize, ring, e2e, bwdtests or bwdab}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -84,6 +89,15 @@ elif [[ $part == ring ]]; then
   torchrun --standalone --nproc_per_node "$gpus" bench/bench_ring.py --commit "$commit" --out "$out" "$@" 2>&1 | tee "$out/bench_ring.log"
 elif [[ $part == e2e ]]; then
   python bench/bench_e2e.py --commit "$commit" --out "$out" --profile "$@" 2>&1 | tee "$out/bench_e2e.log"
+elif [[ $part == bwdtests ]]; then
+  for suite in test_gpu_backward test_gpu_varlen_backward; do
+    timeout 280 python -m pytest -q -p no:cacheprovider "tests/$suite.py" "$@" > "$out/$suite.log" 2>&1
+    echo "$suite: rc $? $(tail -1 "$out/$suite.log")" | tee -a "$out/summary.log"
+  done
+elif [[ $part == bwdab ]]; then
+  base=${1:?the base tree, under .ab/}; shift
+  python bench/ab_sources.py run ".ab/$base" . --rounds 2 --bench backward --json "$out/ab-$base.json" -- \
+    --head-dims 64,128 --seqlens 1024,2048,4096 --impls fa_gen_sm90,fa4 "$@" 2>&1 | tee "$out/ab-$base.log"
 elif [[ $part == decode ]]; then
   python bench/bench_decode.py --commit "$commit" --out "$out" --plot "$@" 2>&1 | tee "$out/bench_decode.log"
 else
