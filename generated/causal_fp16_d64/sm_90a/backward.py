@@ -9,15 +9,17 @@ Tiles: 128 key rows per CTA x 128 query rows per step, 2 Q stages, 2 dO stages,
 
 One host function launches three kernels on one stream:
   prepare      per 128 query rows: D = rowsum(dO * O) in fp32, LSE * log2(e) (+inf where LSE
-               is -inf: such rows get P = 0), a zeroed fp32 dQ accumulator and semaphores;
+               is -inf: such rows get P = 0) and zeroed semaphores;
   kernel       one CTA per (key tile, K/V head, batch entry), walking the query tiles that see
                the key tile (last to first) for every query head of the group, so dK and dV
                of the group accumulate in registers;
-  finalize_dq  per query tile: dQ = scale * accumulator, in the input dtype.
+  finalize_dq  per query tile: dQ = scale * accumulator (zeros where no key tile saw the
+               tile), in the input dtype.
 
 Warp roles of the main kernel (384 threads). Warp 0 loads K and V once, then Q and dO of each
 query tile (with their LSE and D rows) through TMA rings. Warp 1 adds each tile's dQ
-into the fp32 accumulator with bulk reductions (cp.reduce.async.bulk) from shared memory.
+into the fp32 accumulator with bulk reductions (cp.reduce.async.bulk) from shared memory, after
+zeroing the tile's accumulator itself if it is the first CTA there (sm90/backward_dq.j2).
 Warpgroups 1 and 2 own 64 key rows each and run, per query tile:
   S^T  = K Q^T,  P^T = exp2(S^T * scale_log2 - LSE_log2)    (masked scores -inf: P = 0)
   dP^T = V dO^T, dS^T = P^T * (dP^T - D)
@@ -90,6 +92,12 @@ DQ_FULL_BARRIER = 3
 DQ_EMPTY_BARRIER = DQ_FULL_BARRIER + MMA_WARPGROUPS
 EPILOGUE_BARRIER = DQ_EMPTY_BARRIER + MMA_WARPGROUPS
 DQ_BARRIER_THREADS = WARPGROUP_THREADS + 32
+# A query tile's semaphore (zeroed by the pre-pass): the key tiles that have added their dQ
+# (ARRIVALS, the deterministic order's count), CLAIMED once a CTA has taken the clearing of its
+# accumulator, ZEROED once that is done (sm90/backward_dq.j2).
+CLAIMED = 1 << 30
+ZEROED = 1 << 29
+ARRIVALS = ZEROED - 1
 # Query rows per CTA of the pre-pass (of 128 threads); the runtime pads the workspaces to it.
 PREPARE_ROWS = 128
 # Lanes that share one row of O / dO in the pre-pass: the most 16-byte pieces (up to 16) that
@@ -314,6 +322,20 @@ def bulk_reduce_add(smem_ptr: cute.Pointer, gmem_ptr: cute.Pointer, num_bytes: i
     )
 
 
+@dsl_user_op
+def store_zeros16(gmem_ptr: cute.Pointer, *, loc=None, ip=None):
+    """16 zero bytes at a 16-byte aligned global address (one st.global.v4)."""
+    llvm.inline_asm(
+        None,
+        [gmem_ptr.toint(loc=loc, ip=ip).ir_value()],
+        "st.global.v4.b32 [$0], {0, 0, 0, 0};",
+        "l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
 class Operands:
     """The per-thread partitions and pipelines of one MMA warpgroup (plain attributes)."""
 
@@ -346,15 +368,15 @@ class FlashAttentionBackward:
         mLSE (b, heads_q, seqlen_q); workspaces (b, heads_q, padded rows [* head_dim_qk]):
         mdQaccum fp32, mLSElog2 and mDPsum fp32, mSemaphore int32 (one per query tile)."""
         heads_q, batch = mQ.shape[2], mQ.shape[0]
-        self.prepare(mO, mdO, mLSE, mdQaccum, mLSElog2, mDPsum, mSemaphore).launch(
+        self.prepare(mO, mdO, mLSE, mLSElog2, mDPsum, mSemaphore).launch(
             grid=(cute.ceil_div(mQ.shape[1], PREPARE_ROWS), heads_q, batch), block=[PREPARE_ROWS, 1, 1],
             stream=stream, use_pdl=True)
         self.launch_main(mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic,
                          stream)
-        self.launch_finalize_dq(mdQaccum, mdQ, stream)
+        self.launch_finalize_dq(mdQaccum, mSemaphore, mdQ, stream)
 
     @cute.jit
-    def launch_finalize_dq(self, mdQaccum, mdQ, stream):
+    def launch_finalize_dq(self, mdQaccum, mSemaphore, mdQ, stream):
         """dQ leaves through a swizzled shared-memory tile and one TMA store per query tile."""
         # (tile_m, head_dim_qk), in swizzle atoms no wider than a warpgroup's stmatrix columns
         sdQ_layout = smem_layout(DQ_COLS, (TILE_M, HEAD_DIM_QK))
@@ -365,7 +387,7 @@ class FlashAttentionBackward:
         class StorageDQ:
             sdQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sdQ_layout)], 1024]
 
-        self.finalize_dq(mdQaccum, tma_dQ, tma_atom_dQ, sdQ_layout, StorageDQ).launch(
+        self.finalize_dq(mdQaccum, mSemaphore, tma_dQ, tma_atom_dQ, sdQ_layout, StorageDQ).launch(
             grid=(cute.ceil_div(mdQ.shape[1], TILE_M), mdQ.shape[2], mdQ.shape[0]), block=[MMA_THREADS, 1, 1],
             smem=StorageDQ.size_in_bytes(), stream=stream, use_pdl=True)
 
@@ -427,7 +449,7 @@ class FlashAttentionBackward:
     # Pre-pass: one thread per query row.
 
     @cute.kernel
-    def prepare(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdQaccum: cute.Tensor,
+    def prepare(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
                 mLSElog2: cute.Tensor, mDPsum: cute.Tensor, mSemaphore: cute.Tensor):
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
@@ -464,12 +486,6 @@ class FlashAttentionBackward:
                     lse_log2 = Float32.inf if lse == -Float32.inf else lse * LOG2_E
                 mLSElog2[batch, head, row] = lse_log2
                 mDPsum[batch, head, row] = partial
-        # (prepare_rows * head_dim_qk) of the fp32 accumulator, zeroed 16 bytes per thread and store.
-        gdQaccum = cute.local_tile(mdQaccum[batch, head, None], (PREPARE_ROWS * HEAD_DIM_QK,), (block,))
-        zeros = cute.make_rmem_tensor(4, Float32)
-        zeros.fill(0.0)
-        for j in cutlass.range_constexpr(HEAD_DIM_QK // 4):
-            cute.autovec_copy(zeros, cute.local_tile(gdQaccum, (4,), (j * PREPARE_ROWS + tidx,)))
         if tidx < PREPARE_ROWS // TILE_M:
             mSemaphore[batch, head, block * (PREPARE_ROWS // TILE_M) + tidx] = Int32(0)
 
@@ -719,6 +735,8 @@ class FlashAttentionBackward:
         # (tile_m * head_dim_qk) accumulator of (batch, head, m_block)
         gdQaccum = cute.local_tile(stores.mdQaccum[work.batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
         semaphore = stores.mSemaphore.iterator + cute.crd2idx((work.batch, head, m_block), stores.mSemaphore.layout)
+        # While the MMA warpgroups still compute this tile's dQ.
+        self.clear_once(semaphore, gdQaccum, lane)
         if stores.deterministic != 0:
             self.wait_for_turn(work, semaphore, m_block, count, lane)
         more = count + 1 < work.num_visits
@@ -749,6 +767,36 @@ class FlashAttentionBackward:
         return count + 1
 
     @cute.jit
+    def clear_once(self, semaphore, gdQaccum, lane):
+        """Make sure the query tile's accumulator is zeroed before this CTA adds to it: the first
+        CTA there zeroes it, the others wait for ZEROED. Every lane returns after the zeros are
+        visible to this warp's bulk reductions."""
+        state = Int32(0)
+        if lane == 0:
+            state = cute.arch.atomic_or(semaphore, Int32(CLAIMED), sem="acq_rel", scope="gpu")
+        # The whole warp branches on lane 0's answer (a branch on a lane-0-only value around
+        # sync_warp hangs the warp).
+        state = cute.arch.shuffle_sync(state, 0)
+        if state & CLAIMED == 0:
+            for j in cutlass.range_constexpr(TILE_M * HEAD_DIM_QK // 128):
+                store_zeros16(gdQaccum.iterator + (j * 32 + lane) * 4)
+            # The zeros reach L2 (and the async proxy the reductions use) before ZEROED is set.
+            cute.arch.fence_proxy("async.global")
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.sync_warp()
+            if lane == 0:
+                cute.arch.atomic_or(semaphore, Int32(ZEROED), sem="release", scope="gpu")
+        elif state & ZEROED == 0:
+            if lane == 0:
+                while cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu") & ZEROED == 0:
+                    pass
+                cute.arch.fence_proxy("async.global")
+            cute.arch.sync_warp()
+        else:
+            if lane == 0:
+                cute.arch.fence_proxy("async.global")
+
+    @cute.jit
     def wait_for_turn(self, work: Operands, semaphore, m_block, position, lane):
         """Deterministic mode: spin until every earlier key tile that sees this query tile has
         added its dQ (a query tile's key tiles are contiguous: the forward's range)."""
@@ -773,9 +821,9 @@ class FlashAttentionBackward:
         turn_free_lo = cutlass.max(cutlass.min(turn_free_lo, turn_free_hi), turn_lo)
         turn = work.n_block - turn_lo
         if lane == 0:
-            arrived = cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu")
+            arrived = cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu") & ARRIVALS
             while arrived != turn:
-                arrived = cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu")
+                arrived = cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu") & ARRIVALS
         cute.arch.sync_warp()
 
     # ---------------------------------------------------------------------------------------
@@ -980,7 +1028,7 @@ class FlashAttentionBackward:
     # Post-pass: dQ = scale * accumulator, in the input dtype.
 
     @cute.kernel
-    def finalize_dq(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, tma_atom_dQ: cute.CopyAtom,
+    def finalize_dq(self, mdQaccum: cute.Tensor, mSemaphore: cute.Tensor, mdQ: cute.Tensor, tma_atom_dQ: cute.CopyAtom,
                     sdQ_layout: cute.ComposedLayout, StorageDQ: cutlass.Constexpr):
         """mdQ is the TMA coordinate tensor (seqlen_q, head_dim_qk, heads_q, batch)."""
         cute.arch.griddepcontrol_wait()
@@ -994,7 +1042,11 @@ class FlashAttentionBackward:
         gHalf = cute.local_tile(gdQaccum, (DQ_HALF,), (warpgroup_idx,))
         tdQgdQ = dq_half_copy().get_slice(tidx % WARPGROUP_THREADS).partition_S(gHalf)
         acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((TILE_M, HEAD_DIM_QK)), Float32)
-        cute.autovec_copy(tdQgdQ, cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQgdQ.shape)))
+        acc_dQ.fill(0.0)
+        written = mSemaphore[batch, head, m_block]
+        if written & ZEROED != 0:
+            # A key tile saw this query tile and zeroed its accumulator: it holds the sum.
+            cute.autovec_copy(tdQgdQ, cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQgdQ.shape)))
         rdQ = cute.make_rmem_tensor(acc_dQ.shape, DTYPE)
         rdQ.store((acc_dQ.load() * SOFTMAX_SCALE).to(DTYPE))
         storage = cutlass.memory.SmemAllocator().allocate(StorageDQ)
