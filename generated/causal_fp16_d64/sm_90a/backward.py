@@ -18,8 +18,9 @@ One host function launches three kernels on one stream:
 
 Warp roles of the main kernel (384 threads). Warp 0 loads K and V once, then Q and dO of each
 query tile (with their LSE and D rows) through TMA rings. Warp 1 adds each tile's dQ
-into the fp32 accumulator with bulk reductions (cp.reduce.async.bulk) from shared memory, after
-zeroing the tile's accumulator itself if it is the first CTA there (sm90/backward_dq.j2).
+into the fp32 accumulator with bulk reductions (cp.reduce.async.bulk) from shared memory, once
+the tile's accumulator is zeroed: warp 2 walks the same query tiles ahead of it and zeroes
+each one this CTA is the first to reach (sm90/backward_dq.j2).
 Warpgroups 1 and 2 own 64 key rows each and run, per query tile:
   S^T  = K Q^T,  P^T = exp2(S^T * scale_log2 - LSE_log2)    (masked scores -inf: P = 0)
   dP^T = V dO^T, dS^T = P^T * (dP^T - D)
@@ -602,6 +603,8 @@ class FlashAttentionBackward:
                                  tma_atom_dO, pipeline_kv, pipeline_q, pipeline_do)
                 if warp_idx == 1:
                     self.store_dq(work, mdQaccum, mSemaphore, deterministic, smem.sdQ)
+                if warp_idx == 2:
+                    self.clear_dq(work, mdQaccum, mSemaphore)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGISTERS)
                 ops = self.partition_mma(smem, tidx - WARPGROUP_THREADS)
@@ -736,7 +739,7 @@ class FlashAttentionBackward:
         gdQaccum = cute.local_tile(stores.mdQaccum[work.batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
         semaphore = stores.mSemaphore.iterator + cute.crd2idx((work.batch, head, m_block), stores.mSemaphore.layout)
         # While the MMA warpgroups still compute this tile's dQ.
-        self.clear_once(semaphore, gdQaccum, lane)
+        self.wait_zeroed(semaphore, lane)
         if stores.deterministic != 0:
             self.wait_for_turn(work, semaphore, m_block, count, lane)
         more = count + 1 < work.num_visits
@@ -767,34 +770,51 @@ class FlashAttentionBackward:
         return count + 1
 
     @cute.jit
-    def clear_once(self, semaphore, gdQaccum, lane):
-        """Make sure the query tile's accumulator is zeroed before this CTA adds to it: the first
-        CTA there zeroes it, the others wait for ZEROED. Every lane returns after the zeros are
-        visible to this warp's bulk reductions."""
+    def wait_zeroed(self, semaphore, lane):
+        """Spin until the query tile's accumulator is zeroed (ZEROED, release-published by the CTA
+        that cleared it); the warp's later bulk reductions then see the zeros."""
+        if lane == 0:
+            while cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu") & ZEROED == 0:
+                pass
+            cute.arch.fence_proxy("async.global")
+        cute.arch.sync_warp()
+
+    # ---------------------------------------------------------------------------------------
+    # Clearing warp: the accumulator of each query tile this CTA reaches first, zeroed.
+
+    @cute.jit
+    def clear_dq(self, work: Operands, mdQaccum, mSemaphore):
+        """Walk the CTA's query tiles in the dQ warp's order (running ahead of it: no GEMM to wait
+        for) and zero the accumulator of each one no other CTA has claimed. Its own thread
+        issues no bulk operations, so its fences wait only for its zero stores."""
+        if work.num_visits > 0:
+            clears = Operands()
+            clears.mdQaccum, clears.mSemaphore, clears.work = mdQaccum, mSemaphore, work
+            self.query_tiles(work, self.clear_query_tile, clears, Int32(0))
+
+    @cute.jit
+    def clear_query_tile(self, clears: Operands, count, head, m_block, masked):
+        work = clears.work
+        lane = cute.arch.lane_idx()
+        gdQaccum = cute.local_tile(clears.mdQaccum[work.batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
+        semaphore = clears.mSemaphore.iterator + cute.crd2idx((work.batch, head, m_block), clears.mSemaphore.layout)
         state = Int32(0)
         if lane == 0:
-            state = cute.arch.atomic_or(semaphore, Int32(CLAIMED), sem="acq_rel", scope="gpu")
+            state = cute.arch.atomic_or(semaphore, Int32(CLAIMED), sem="relaxed", scope="gpu")
         # The whole warp branches on lane 0's answer (a branch on a lane-0-only value around
         # sync_warp hangs the warp).
         state = cute.arch.shuffle_sync(state, 0)
         if state & CLAIMED == 0:
             for j in cutlass.range_constexpr(TILE_M * HEAD_DIM_QK // 128):
                 store_zeros16(gdQaccum.iterator + (j * 32 + lane) * 4)
-            # The zeros reach L2 (and the async proxy the reductions use) before ZEROED is set.
+            # The zeros are visible GPU-wide, to the async proxy the reductions use too, before
+            # ZEROED is.
             cute.arch.fence_proxy("async.global")
             cute.arch.fence_acq_rel_gpu()
             cute.arch.sync_warp()
             if lane == 0:
                 cute.arch.atomic_or(semaphore, Int32(ZEROED), sem="release", scope="gpu")
-        elif state & ZEROED == 0:
-            if lane == 0:
-                while cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu") & ZEROED == 0:
-                    pass
-                cute.arch.fence_proxy("async.global")
-            cute.arch.sync_warp()
-        else:
-            if lane == 0:
-                cute.arch.fence_proxy("async.global")
+        return count + 1
 
     @cute.jit
     def wait_for_turn(self, work: Operands, semaphore, m_block, position, lane):
