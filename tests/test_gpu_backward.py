@@ -250,16 +250,17 @@ def _poisoned_workspace(real):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["any_order", "deterministic"])
 @pytest.mark.parametrize("name", ["v_bf16_d128_causal", "v_fp16_d64_window_100_7"])
 def test_workspace_contents_are_never_read(kernels, name, deterministic, monkeypatch):
-    """The workspaces are allocated uninitialised, and the pre-pass writes every word the other
-    kernels read (the zeroed dQ accumulator, each row's LSE and D, the semaphores): workspaces
-    full of NaN give exact, finite gradients, also where whole query tiles see no key
-    (bottom-right causal, seqlen_q > seqlen_k) and where many key tiles add into one query tile.
-    (It guards designs that skip a part of that, e.g. a first key tile storing its dQ rather
-    than adding it to zeros: branch wip/bwd-dq-first-store.)"""
+    """The workspaces are allocated uninitialised, and every word the kernels read is written
+    first (each row's LSE and D and the semaphores by the pre-pass; the dQ accumulator by the
+    main kernel's first CTA at a query tile, or by the pre-pass past CLEAR_IN_MAIN_ROWS query
+    rows): workspaces full of NaN give exact, finite gradients, also where whole query tiles see
+    no key (bottom-right causal, seqlen_q > seqlen_k; the post-pass writes zeros there), where
+    many key tiles add into one query tile, and for a sequence long enough for the pre-pass's
+    zeroing (4,200 query rows)."""
     import fa_gen.backward
 
     monkeypatch.setattr(fa_gen.backward, "_workspace", _poisoned_workspace(fa_gen.backward._workspace))
-    shapes = [Shape(1, 1000, 257, 8, 1), Shape(2, 700, 1900, 4, 2), Shape(1, 1, 300, 2, 2)]
+    shapes = [Shape(1, 1000, 257, 8, 1), Shape(2, 700, 1900, 4, 2), Shape(1, 1, 300, 2, 2), Shape(1, 4200, 600, 2, 1)]
     failures = [str(r) for r in (check_backward(kernels[name], shape, seed=i, deterministic=deterministic)
                                  for i, shape in enumerate(shapes)) if not r.ok]
     assert not failures, f"{name}:\n" + "\n".join(failures)

@@ -185,13 +185,14 @@ def test_backward_varlen_drawn_batches(arch, data, lengths, seed):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["any_order", "deterministic"])
 def test_workspace_contents_are_never_read(arch, deterministic, monkeypatch):
     """The varlen workspaces full of NaN (what a reused allocation may hold): every sequence still
-    exact, including query tiles no key tile sees and the padding rows between the sequences'
-    workspace regions (tests/test_gpu_backward.py has the fixed-length twin)."""
+    exact, including query tiles no key tile sees, the padding rows between the sequences'
+    workspace regions, and a sequence past CLEAR_IN_MAIN_ROWS (its accumulator zeroed by the
+    pre-pass, the others' by the main kernel) (tests/test_gpu_backward.py has the fixed-length twin)."""
     import fa_gen.varlen_backward
     from tests.test_gpu_backward import _poisoned_workspace
 
     monkeypatch.setattr(fa_gen.varlen_backward, "_workspace", _poisoned_workspace(fa_gen.varlen_backward._workspace))
-    spec, lengths = SPECS["causal_bf16_d128"], [(700, 1900), (400, 90), (1, 0), (300, 17), (129, 600)]
+    spec, lengths = SPECS["causal_bf16_d128"], [(700, 1900), (400, 90), (1, 0), (300, 17), (4200, 350), (129, 600)]
     data, (grads,), slack = _run(spec, lengths, (8, 2), seed=13, deterministic=deterministic)
     failures = _sequence_failures(spec, data, grads, lengths, slack)
     assert not failures, f"deterministic={deterministic}: " + "; ".join(failures)

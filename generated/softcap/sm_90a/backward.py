@@ -9,7 +9,8 @@ Tiles: 128 key rows per CTA x 64 query rows per step, 2 Q stages, 2 dO stages,
 
 One host function launches three kernels on one stream:
   prepare      per 128 query rows: D = rowsum(dO * O) in fp32, LSE * log2(e) (+inf where LSE
-               is -inf: such rows get P = 0) and zeroed semaphores;
+               is -inf: such rows get P = 0), zeroed semaphores (and fp32 dQ accumulator
+               for sequences longer than CLEAR_IN_MAIN_ROWS);
   kernel       one CTA per (key tile, K/V head, batch entry), walking the query tiles that see
                the key tile (last to first) for every query head of the group, so dK and dV
                of the group accumulate in registers;
@@ -100,6 +101,12 @@ DQ_BARRIER_THREADS = WARPGROUP_THREADS + 32
 CLAIMED = 1 << 30
 ZEROED = 1 << 29
 ARRIVALS = ZEROED - 1
+# Sequences up to this many query rows have their dQ accumulator zeroed in the main kernel, a
+# tile at a time as the first CTA reaches it; longer ones by the pre-pass. H100, A/B against
+# the pre-pass zeroing every sequence (bench/results/logs/2026-11-27-s30/): bf16 d64 / d128 at
+# 1k +3-7%, 2k +2-6%, 4k +0.4-2%, but d128 8k / 16k -0.2% to -5% (one CTA, the first of a head
+# to start, zeroes most of its tiles and lags on the longest walks).
+CLEAR_IN_MAIN_ROWS = 4096
 # Query rows per CTA of the pre-pass (of 128 threads); the runtime pads the workspaces to it.
 PREPARE_ROWS = 128
 # Lanes that share one row of O / dO in the pre-pass: the most 16-byte pieces (up to 16) that
@@ -345,7 +352,7 @@ class FlashAttentionBackward:
         mLSE (b, heads_q, seqlen_q); workspaces (b, heads_q, padded rows [* head_dim_qk]):
         mdQaccum fp32, mLSElog2 and mDPsum fp32, mSemaphore int32 (one per query tile)."""
         heads_q, batch = mQ.shape[2], mQ.shape[0]
-        self.prepare(mO, mdO, mLSE, mLSElog2, mDPsum, mSemaphore).launch(
+        self.prepare(mO, mdO, mLSE, mdQaccum, mLSElog2, mDPsum, mSemaphore).launch(
             grid=(cute.ceil_div(mQ.shape[1], PREPARE_ROWS), heads_q, batch), block=[PREPARE_ROWS, 1, 1],
             stream=stream, use_pdl=True)
         self.launch_main(mQ, mK, mV, mdO, mdK, mdV, mdQaccum, mLSElog2, mDPsum, mSemaphore, deterministic,
@@ -429,7 +436,7 @@ class FlashAttentionBackward:
     # Pre-pass: one thread per query row.
 
     @cute.kernel
-    def prepare(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
+    def prepare(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdQaccum: cute.Tensor,
                 mLSElog2: cute.Tensor, mDPsum: cute.Tensor, mSemaphore: cute.Tensor):
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
@@ -466,6 +473,12 @@ class FlashAttentionBackward:
                     lse_log2 = Float32.inf if lse == -Float32.inf else lse * LOG2_E
                 mLSElog2[batch, head, row] = lse_log2
                 mDPsum[batch, head, row] = partial
+        if seqlen_q > CLEAR_IN_MAIN_ROWS:
+            # A long sequence: its accumulator is zeroed here, 16 bytes per thread and store (the
+            # main kernel clears only shorter ones, sm90/backward_dq.j2).
+            gdQaccum = cute.local_tile(mdQaccum[batch, head, None], (PREPARE_ROWS * HEAD_DIM_QK,), (block,))
+            for j in cutlass.range_constexpr(HEAD_DIM_QK // 4):
+                store_zeros16(gdQaccum.iterator + (j * PREPARE_ROWS + tidx) * 4)
         if tidx < PREPARE_ROWS // TILE_M:
             mSemaphore[batch, head, block * (PREPARE_ROWS // TILE_M) + tidx] = Int32(0)
 
@@ -721,8 +734,9 @@ class FlashAttentionBackward:
         # (tile_m * head_dim_qk) accumulator of (batch, head, m_block)
         gdQaccum = cute.local_tile(stores.mdQaccum[work.batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
         semaphore = stores.mSemaphore.iterator + cute.crd2idx((work.batch, head, m_block), stores.mSemaphore.layout)
-        # While the MMA warpgroups still compute this tile's dQ.
-        self.wait_zeroed(semaphore, lane)
+        if work.seqlen_q <= CLEAR_IN_MAIN_ROWS:
+            # While the MMA warpgroups still compute this tile's dQ.
+            self.wait_zeroed(semaphore, lane)
         if stores.deterministic != 0:
             self.wait_for_turn(work, semaphore, m_block, count, lane)
         more = count + 1 < work.num_visits
@@ -756,9 +770,9 @@ class FlashAttentionBackward:
     def wait_zeroed(self, semaphore, lane):
         """Spin until the query tile's accumulator is zeroed (ZEROED, release-published by the CTA
         that cleared it after a proxy fence); the warp's later bulk reductions then see the zeros.
-        No proxy fence here: on this thread it waited for its own reductions still in flight
-        (measured 1-3% slower at 4k), and the deterministic order's turns rely on the same
-        acquire-then-reduce."""
+        No proxy fence here: on this thread it would also wait for its own reductions still in
+        flight (with one, d128 4k ran 1-3% slower); the deterministic order's turns rely on the
+        same acquire-then-reduce."""
         if lane == 0:
             while cute.arch.load(semaphore, Int32, sem="acquire", scope="gpu") & ZEROED == 0:
                 pass
@@ -772,7 +786,7 @@ class FlashAttentionBackward:
         """Walk the CTA's query tiles in the dQ warp's order (running ahead of it: no GEMM to wait
         for) and zero the accumulator of each one no other CTA has claimed. Its own thread
         issues no bulk operations, so its fences wait only for its zero stores."""
-        if work.num_visits > 0:
+        if (work.num_visits > 0) & (work.seqlen_q <= CLEAR_IN_MAIN_ROWS):
             clears = Operands()
             clears.mdQaccum, clears.mSemaphore, clears.work = mdQaccum, mSemaphore, work
             self.query_tiles(work, self.clear_query_tile, clears, Int32(0))
@@ -1055,8 +1069,9 @@ class FlashAttentionBackward:
         acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((TILE_M, HEAD_DIM_QK)), Float32)
         acc_dQ.fill(0.0)
         written = mSemaphore[batch, head, m_block]
-        if written & ZEROED != 0:
-            # A key tile saw this query tile and zeroed its accumulator: it holds the sum.
+        if (written & ZEROED != 0) | (mdQ.shape[0] > CLEAR_IN_MAIN_ROWS):
+            # A key tile saw this query tile and zeroed its accumulator (or the pre-pass did, for a
+            # long sequence): it holds the sum.
             cute.autovec_copy(tdQgdQ, cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQgdQ.shape)))
         rdQ = cute.make_rmem_tensor(acc_dQ.shape, DTYPE)
         rdQ.store((acc_dQ.load() * SOFTMAX_SCALE).to(DTYPE))
