@@ -129,7 +129,8 @@ class Backward(CompiledKernel):
 def _workspace(q: torch.Tensor, head_dim_qk: int):
     """(dq_accum, lse_log2, dpsum, semaphore): fp32 dQ accumulator (b, heads_q, rows * head_dim_qk),
     per-row LSE * log2(e) and D (b, heads_q, rows), int32 per-query-tile counters. One
-    allocation serves all four; the pre-pass initialises them."""
+    allocation serves all four; the kernels write every word before reading it (the pre-pass;
+    Hopper's main kernel zeroes the accumulator of sequences up to 4,096 query rows)."""
     batch, seqlen_q, heads_q, _ = q.shape
     rows = -(-seqlen_q // ROW_ALIGN) * ROW_ALIGN
     tiles = -(-seqlen_q // MIN_TILE_M)

@@ -80,7 +80,9 @@ def _gradients(family: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u
 
 def _workspace(q: torch.Tensor, batch: int, head_dim_qk: int):
     """(dq_accum, lse_log2, dpsum, semaphore), each (1, heads_q, padded rows [* head_dim_qk]): room
-    for every sequence's padded region (see the module docstring). The pre-pass initialises them."""
+    for every sequence's padded region (see the module docstring). The kernels write every word
+    before reading it (the pre-pass; Hopper's main kernel zeroes the accumulator of sequences up
+    to 4,096 rows)."""
     heads_q = q.shape[1]
     rows = -(-(q.shape[0] + ROW_ALIGN * (batch + 1)) // ROW_ALIGN) * ROW_ALIGN
     sizes = (rows * head_dim_qk, rows, rows)
