@@ -727,7 +727,6 @@ class FlashAttentionBackward:
     def store_query_tile(self, stores: Operands, count, head, m_block, masked):
         work = stores.work
         lane = cute.arch.lane_idx()
-        # (tile_m * head_dim_qk) accumulator of (batch, head, m_block)
         gdQaccum = cute.local_tile(stores.mdQaccum[work.batch, head, None], (TILE_M * HEAD_DIM_QK,), (m_block,))
         semaphore = stores.mSemaphore.iterator + cute.crd2idx((work.batch, head, m_block), stores.mSemaphore.layout)
         if work.seqlen_q <= CLEAR_IN_MAIN_ROWS:
