@@ -766,7 +766,7 @@ class FlashAttentionBackward:
         # sync_warp hangs the warp).
         state = cute.arch.shuffle_sync(state, 0)
         if state & CLAIMED == 0:
-            for j in cutlass.range_constexpr(TILE_M * HEAD_DIM_QK // 128):
+            for j in cutlass.range(TILE_M * HEAD_DIM_QK // 128, unroll_full=True):
                 store_zeros16(gdQaccum.iterator + (j * 32 + lane) * 4)
             # The zeros are visible GPU-wide, to the async proxy the reductions use too, before
             # ZEROED is.
