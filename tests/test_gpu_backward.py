@@ -237,12 +237,14 @@ def test_deterministic_is_bitwise_stable(kernels, name):
 
 def _poisoned_workspace(real):
     """fa_gen's workspace allocator, the workspaces then filled with what a reused allocation may
-    hold: NaN in the fp32 parts, a large count in the semaphores."""
+    hold: NaN in the fp32 parts, every bit set in the semaphores (a large count, and the sm90
+    backward's CLAIMED and ZEROED flags: left there, a tile would be read unzeroed or never
+    cleared)."""
     def poisoned(*args):
         parts = real(*args)
         for part in parts[:-1]:
             part.fill_(float("nan"))
-        parts[-1].fill_(0x3FFFFFF)
+        parts[-1].fill_(-1)
         return parts
     return poisoned
 
