@@ -9,6 +9,13 @@ Prints per implementation: the event-timed call, then each CUDA runtime call and
 third profiled call with its start and end in us from the call's first event record; first,
 without the profiler, the median over 20 calls of each call's event-timed GPU window (what
 bench_forward.py's per-call timing reads) beside the host time until autograd.grad returned.
+
+    python bench/bwd_timeline.py --hidden --cell 128:none:1024,64:causal:2048 [--impls ...]
+
+--hidden skips the profiler and splits each call's window into GPU time and host time: the same
+call timed once as bench_forward.py does (the GPU idle until the host launches) and once behind a
+2 ms spin kernel (the launches queued before the GPU reaches them, the host's part hidden); the
+difference is what the host adds to a call timed alone.
 """
 
 from __future__ import annotations
@@ -79,13 +86,40 @@ def plain(graph, calls: int = 20) -> tuple[float, float]:
     return statistics.median(windows), statistics.median(hosts)
 
 
+def hidden(graph, calls: int = 20, spin_ms: float = 2.0) -> float:
+    """Median event-timed ms of a call queued behind a spin kernel: its GPU time alone."""
+    import statistics
+
+    for _ in range(5):
+        _grad(*graph)
+    torch.cuda.synchronize()
+    khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 1_980_000)  # the SM clock, kHz
+    cycles = int(spin_ms * khz * 1e3)
+    windows = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)
+        start.record()
+        _grad(*graph)
+        end.record()
+        end.synchronize()
+        windows.append(start.elapsed_time(end))
+    return statistics.median(windows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cell", default="128:none:1024")
     parser.add_argument("--impls", default="fa_gen,fa4")
     parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--hidden", action="store_true", help="GPU and host parts of each call, no profiler")
     args = parser.parse_args()
-    head_dim, mask, seqlen = args.cell.split(":")
+    for cell in args.cell.split(","):
+        run_cell(args, cell)
+
+
+def run_cell(args, cell: str) -> None:
+    head_dim, mask, seqlen = cell.split(":")
     head_dim, seqlen = int(head_dim), int(seqlen)
     case = Case(args.dtype, head_dim, mask == "causal", seqlen, TOKENS // seqlen, HIDDEN // head_dim, True)
     (q, k, v), = make_input_sets(1, case.batch, case.seqlen, case.heads, case.heads, head_dim, head_dim,
@@ -94,6 +128,12 @@ def main() -> None:
         fn = IMPLEMENTATIONS[name](case)
         graph = _forward_graph(fn, q, k, v)
         window, host = plain(graph)
+        if args.hidden:
+            gpu = hidden(graph)
+            print(f"{name:8s} {args.dtype} d{head_dim:<3d} {mask:6s} s{seqlen:<5d} call {window * 1e3:7.1f} us, "
+                  f"GPU alone {gpu * 1e3:7.1f} us, host's part {(window - gpu) * 1e3:6.1f} us "
+                  f"(autograd.grad returned after {host * 1e3:6.1f} us)", flush=True)
+            continue
         print(f"== {name} {args.dtype} d{head_dim} {mask} s{seqlen}: call {window:.3f} ms (events), "
               f"autograd.grad returned after {host:.3f} ms (host)")
         for start, end, kind, label in timeline(graph):
