@@ -315,3 +315,63 @@ def test_torch_compile_fullgraph_forward_and_backward():
     torch.testing.assert_close(loss, eager_loss, rtol=1e-4, atol=1e-6)
     for got, want in zip(grads, eager_grads):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-4)
+
+
+OVERLAP_NAMES = ["v_bf16_d128_none", "v_bf16_d128_causal", "v_fp16_d64_window_100_7", "v_bf16_d96_causal_top_left"]
+
+
+@pytest.fixture(scope="module")
+def overlap_kernels():
+    """name -> ((forward, sm90 backward rendered with bwd_dq_overlap on: the dQ post-pass finishes
+    each query tile once all its key tiles have added, beside the main kernel's last CTAs), the
+    default sm90 pair). Rendered and built with the render context patched (the option is off
+    by default)."""
+    from fa_gen import backward as backward_mod
+    from fa_gen.families import sm90_backward
+    from fa_gen.runtime import current_arch
+
+    arch = current_arch()
+    if not arch.startswith("sm_90"):
+        pytest.skip("the Hopper backward's option")
+    original = sm90_backward.kind_context
+    sm90_backward.kind_context = lambda s, a, dropout=False: {**original(s, a, dropout), "bwd_dq_overlap": True}
+    backward_mod._BACKWARDS.clear()
+    dump = os.environ.get("FA_GEN_DUMP_DIR")
+    # A dump directory turns off the cache's by-target index, which cannot see the patch.
+    os.environ["FA_GEN_DUMP_DIR"] = dump or "/tmp/fa_gen_overlap_sources"
+    specs = [spec for spec in SPECS if spec.name in OVERLAP_NAMES]
+    try:
+        overlap = {spec.name: build_pair(spec, arch, "sm90") for spec in specs}
+    finally:
+        sm90_backward.kind_context = original
+        backward_mod._BACKWARDS.clear()
+        if dump is None:
+            del os.environ["FA_GEN_DUMP_DIR"]
+    return {spec.name: (overlap[spec.name], build_pair(spec, arch, "sm90")) for spec in specs}
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["any_order", "deterministic"])
+@pytest.mark.parametrize("name", OVERLAP_NAMES)
+def test_dq_overlap_matches_reference(overlap_kernels, name, deterministic, monkeypatch):
+    """With bwd_dq_overlap the post-pass reads a query tile's sums as soon as its arrival count
+    is complete: exact against the reference on workspaces full of NaN and set bits, at shapes
+    whose grids take several waves (tiles finished beside the main kernel), with whole query
+    tiles that see no key, GQA, and a sequence past CLEAR_IN_MAIN_ROWS; and in deterministic
+    mode bit for bit the gradients of the default render."""
+    import fa_gen.backward
+
+    monkeypatch.setattr(fa_gen.backward, "_workspace", _poisoned_workspace(fa_gen.backward._workspace))
+    shapes = [Shape(4, 2048, 2048, 16, 4), Shape(1, 1000, 257, 8, 1), Shape(2, 700, 1900, 4, 2),
+              Shape(1, 4200, 600, 2, 1), Shape(8, 1024, 1024, 16, 16)]
+    overlap, default = overlap_kernels[name]
+    failures = [str(r) for r in (check_backward(overlap, shape, seed=i, deterministic=deterministic)
+                                 for i, shape in enumerate(shapes)) if not r.ok]
+    assert not failures, f"{name}:\n" + "\n".join(failures)
+    if deterministic:
+        spec = overlap[0].spec
+        generator = torch.Generator(device="cuda").manual_seed(3)
+        q, k, v = random_inputs(spec, shapes[0], overlap[0]._dtype, "cuda", generator)
+        dout = torch.randn(*q.shape[:3], spec.head_dim_v, generator=generator, device="cuda").to(q.dtype)
+        got = run_backward(overlap, q, k, v, dout, deterministic=True)
+        want = run_backward(default, q, k, v, dout, deterministic=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), f"{name}: overlap differs from the default render"

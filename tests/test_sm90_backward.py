@@ -157,3 +157,41 @@ def test_backward_grid_order_stays_head_by_head_without_a_causal_mask(arch, kind
     # Where the L2 groups measured slower (sm80 kernels, packed batches), causal keeps it too.
     if arch == "sm_80" or kind == "backward_varlen":
         assert _cta_order(128, "causal", 2048, 1, (16, 2, 2), arch, kind) is None
+
+
+def _render_with_overlap(monkeypatch, name, kind):
+    """The sm90 render of shipped spec `name`'s `kind` with the bwd_dq_overlap option on."""
+    from fa_gen.render import render
+    from fa_gen.runtime import resolve_spec
+
+    original = sm90_backward.kind_context
+    monkeypatch.setattr(sm90_backward, "kind_context",
+                        lambda s, a, dropout=False: {**original(s, a, dropout), "bwd_dq_overlap": True})
+    return render(resolve_spec(name), "sm_90a", "sm90", kind=kind).text
+
+
+def test_dq_overlap_is_off_by_default_and_only_where_key_ranges_are_known(monkeypatch):
+    """The option counts arrivals in every mode and lets the post-pass skip the grid wait for a
+    complete tile; the shipped renders (generated/) have none of it, nor do the kinds whose
+    query tiles' key-tile counts the post-pass cannot derive from the window (varlen, mask
+    expressions, the shifted diagonal)."""
+    from pathlib import Path
+
+    shipped = (Path(__file__).parents[1] / "generated/causal_bf16_d128/sm_90a/backward.py").read_text()
+    assert "visit_hi" not in shipped and sm90_backward.kind_context(_spec(128), "sm_90a")["bwd_dq_overlap"] is False
+    fixed = _render_with_overlap(monkeypatch, "causal_bf16_d128", "backward")
+    assert "if (visit_hi <= visit_lo) | (arrivals != visit_hi - visit_lo):" in fixed
+    # The dQ warp's count is no longer under `if stores.deterministic != 0` alone.
+    assert fixed.count("cute.arch.atomic_add(semaphore, Int32(1), sem=\"release\", scope=\"gpu\")") == 1
+    assert "if stores.deterministic != 0:\n            if lane == 0:" not in fixed
+    for name, kind in (("causal_bf16_d128", "backward_varlen"), ("document", "backward"),
+                       ("causal_bf16_d128", "backward_shifted")):
+        assert "visit_hi" not in _render_with_overlap(monkeypatch, name, kind), (name, kind)
+
+
+def test_dq_overlap_compiles(tmp_path, monkeypatch):
+    from fa_gen.backends.cute_dsl import compile_to_object
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    text = _render_with_overlap(monkeypatch, "sliding_window_bf16_d128", "backward")
+    compile_to_object(text, "sm_90a", tmp_path / "backward.o", label="sliding_window_bf16_d128 backward, dq_overlap")
