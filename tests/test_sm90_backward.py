@@ -180,7 +180,7 @@ def test_dq_overlap_is_off_by_default_and_only_where_key_ranges_are_known(monkey
     shipped = (Path(__file__).parents[1] / "generated/causal_bf16_d128/sm_90a/backward.py").read_text()
     assert "visit_hi" not in shipped and sm90_backward.kind_context(_spec(128), "sm_90a")["bwd_dq_overlap"] is False
     fixed = _render_with_overlap(monkeypatch, "causal_bf16_d128", "backward")
-    assert "if (visit_hi <= visit_lo) | (arrivals != visit_hi - visit_lo):" in fixed
+    assert "if (visit_hi <= visit_lo) | (arrivals != visit_hi - visit_lo) | last:" in fixed
     # The dQ warp's count is no longer under `if stores.deterministic != 0` alone.
     assert fixed.count("cute.arch.atomic_add(semaphore, Int32(1), sem=\"release\", scope=\"gpu\")") == 1
     assert "if stores.deterministic != 0:\n            if lane == 0:" not in fixed
