@@ -33,12 +33,9 @@
 #   bash bench/device_batch.sh COMMIT bwdab BASE  this tree's backward against .ab/BASE (made here first with
 #                                             `python bench/ab_sources.py prepare BASE`), two rounds, bf16
 #                                             d64 and d128 at 1k, 2k and 4k beside FA4 (bench/ab_sources.py)
-#   bash bench/device_batch.sh COMMIT overlap  the sm90 backward's bwd_dq_overlap option (off by default): its L1
-#                                             test, then TFLOP/s with and without it beside FA4
-#                                             (bench/bench_backward_sm90.py --variant)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, fp8, dropout, mla, longrun, sanitize, ring, e2e, bwdtests, bwdab or overlap}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, fp8, dropout, mla, longrun, sanitize, ring, e2e, bwdtests or bwdab}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -101,11 +98,6 @@ elif [[ $part == bwdab ]]; then
   base=${1:?the base tree, under .ab/}; shift
   python bench/ab_sources.py run ".ab/$base" . --rounds 2 --bench backward --json "$out/ab-$base.json" -- \
     --head-dims 64,128 --seqlens 1024,2048,4096 --impls fa_gen_sm90,fa4 "$@" 2>&1 | tee "$out/ab-$base.log"
-elif [[ $part == overlap ]]; then
-  timeout 400 python -m pytest -q -p no:cacheprovider tests/test_gpu_backward.py -k dq_overlap "$@" > "$out/test_dq_overlap.log" 2>&1
-  echo "test_dq_overlap: rc $? $(tail -1 "$out/test_dq_overlap.log")" | tee -a "$out/summary.log"
-  python bench/bench_backward_sm90.py --commit "$commit" --out "$out" --variant overlap:bwd_dq_overlap=True \
-    --impls fa_gen_sm90,fa4 --head-dims 64,128 --seqlens 1024,2048,4096,8192 2>&1 | tee "$out/bench_overlap.log"
 elif [[ $part == decode ]]; then
   python bench/bench_decode.py --commit "$commit" --out "$out" --plot "$@" 2>&1 | tee "$out/bench_decode.log"
 else

@@ -225,11 +225,6 @@ def kind_context(spec: Spec, arch: str, dropout: bool = False) -> dict:
         "bwd_early_lse": not cfg.lean,
         "bwd_early_dpsum": cfg.wide,
         "bwd_prepare_lanes": _prepare_lanes(padded_dims(spec)[1]),
-        # The dQ post-pass finishing each query tile as soon as every key tile has added into it,
-        # beside the main kernel's last CTAs (sm90/backward_passes.j2, dq_overlap): built in
-        # session 31, not yet measured on a GPU, so off; `bench/bench_backward_sm90.py --variant
-        # overlap:bwd_dq_overlap=True` renders it.
-        "bwd_dq_overlap": False,
         # Replaces the forward's: the backward's names and per-call schedule (fa_gen.backward_plan).
         "expr": backward_expression_context(spec),
     }
