@@ -4,6 +4,9 @@
 #                                             (kernels precompiled in parallel), load time, overhead
 #   bash bench/device_batch.sh COMMIT bench   the forward benchmark over every anchor (bf16 with
 #                                             FlexAttention, fp16 without), and the backward rows
+#   bash bench/device_batch.sh COMMIT tables  issue 19's tables in one call: the forward (bf16 and fp16,
+#                                             d64/d128/d256, 512-16k, three rounds) and the backward (bf16
+#                                             and fp16, d64/d128, 1k-16k, two rounds) beside FA4, cuDNN, FA2
 #   bash bench/device_batch.sh COMMIT decode  decode (seqlen_q = 1) GB/s and varlen-prefill TFLOP/s
 #                                             beside FA4, cuDNN and FA2 (bench/bench_decode.py)
 #   bash bench/device_batch.sh COMMIT inference  the inference L1 suites (varlen, varlen backward,
@@ -35,7 +38,7 @@
 #                                             d64 and d128 at 1k, 2k and 4k beside FA4 (bench/ab_sources.py)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, fp8, dropout, mla, longrun, sanitize, ring, e2e, bwdtests or bwdab}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, fp8, dropout, mla, longrun, sanitize, ring, e2e, bwdtests, bwdab or tables}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -94,6 +97,13 @@ elif [[ $part == bwdtests ]]; then
     timeout 280 python -m pytest -q -p no:cacheprovider "tests/$suite.py" "$@" > "$out/$suite.log" 2>&1
     echo "$suite: rc $? $(tail -1 "$out/$suite.log")" | tee -a "$out/summary.log"
   done
+elif [[ $part == tables ]]; then
+  python bench/bench_forward.py --commit "$commit" --suffix table --out "$out" --dtypes bf16,fp16 \
+    --head-dims 64,128,256 --seqlens 512,1024,2048,4096,8192,16384 --impls fa_gen,sdpa_flash,sdpa_cudnn,fa4 \
+    --rounds 3 --plot "$@" 2>&1 | tee "$out/fwd-table.log"
+  python bench/bench_forward.py --commit "$commit" --suffix table --out "$out" --backward --dtypes bf16,fp16 \
+    --head-dims 64,128 --seqlens 1024,2048,4096,8192,16384 --impls fa_gen,sdpa_flash,sdpa_cudnn,fa4 \
+    --rounds 2 "$@" 2>&1 | tee "$out/bwd-table.log"
 elif [[ $part == bwdab ]]; then
   base=${1:?the base tree, under .ab/}; shift
   python bench/ab_sources.py run ".ab/$base" . --rounds 2 --bench backward --json "$out/ab-$base.json" -- \
