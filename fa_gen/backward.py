@@ -133,7 +133,9 @@ def _workspace(q: torch.Tensor, head_dim_qk: int):
     Hopper's main kernel zeroes the accumulator of sequences up to 4,096 query rows)."""
     batch, seqlen_q, heads_q, _ = q.shape
     rows = -(-seqlen_q // ROW_ALIGN) * ROW_ALIGN
-    tiles = -(-seqlen_q // MIN_TILE_M)
+    # A counter per tile of the padded rows: Hopper's pre-pass zeroes those of its whole 128-row
+    # blocks (two tiles of 64 rows each even where seqlen_q <= 32), not only the tiles of seqlen_q.
+    tiles = rows // MIN_TILE_M
     sizes = (rows * head_dim_qk, rows, rows, tiles)
     # One allocation for all four (the counters as int32 words of the same 4-byte elements), cut
     # by as_strided: one view each (a slice then a view cost twice the host time).

@@ -137,6 +137,21 @@ def test_workspace_is_padded_and_compact():
     assert semaphore.data_ptr() + semaphore.numel() * 4 == dq_accum.data_ptr() + dq_accum.untyped_storage().nbytes()
 
 
+@pytest.mark.parametrize("seqlen_q", [1, 31, 32, 33, 100, 128, 129, 200, 4097])
+def test_workspace_holds_every_counter_the_prepass_zeroes(seqlen_q):
+    """Hopper's pre-pass zeroes the semaphores of every query tile in each of its 128-row blocks
+    (templates/sm90/backward_passes.j2, prepare_rows): the semaphore row must hold them for every
+    backward tile height, or the last (batch, head) writes past the workspace (a short sequence
+    with 64-row tiles: two counters for one 32-row tile's room)."""
+    from fa_gen.families.sm90_backward import _TILES
+
+    q = torch.zeros(2, seqlen_q, 3, 64, dtype=torch.float16)
+    semaphore = _workspace(q, 64)[-1]
+    blocks = -(-seqlen_q // ROW_ALIGN)
+    for tile_m in {cfg.tile_m for cfgs in _TILES.values() for cfg in cfgs}:
+        assert semaphore.shape[2] >= blocks * (ROW_ALIGN // tile_m), (seqlen_q, tile_m)
+
+
 def test_eager_function_hands_back_each_gradient_in_its_place(monkeypatch):
     """Plain eager calls go through autograd._EagerAttention: with the kernels replaced by CPU
     stand-ins, q, k and v get the backward's dq, dk, dv, a sink tensor that requires grad gets
