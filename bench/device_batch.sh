@@ -4,9 +4,10 @@
 #                                             (kernels precompiled in parallel), load time, overhead
 #   bash bench/device_batch.sh COMMIT bench   the forward benchmark over every anchor (bf16 with
 #                                             FlexAttention, fp16 without), and the backward rows
-#   bash bench/device_batch.sh COMMIT tables  issue 19's tables in one call: the forward (bf16 and fp16,
-#                                             d64/d128/d256, 512-16k, three rounds) and the backward (bf16
-#                                             and fp16, d64/d128, 1k-16k, two rounds) beside FA4, cuDNN, FA2
+#   bash bench/device_batch.sh COMMIT fwdtable  issue 19's forward table (bf16 and fp16, d64/d128/d256,
+#                                             512-16k, three rounds) beside FA4, cuDNN and FA2 (about 3 min)
+#   bash bench/device_batch.sh COMMIT bwdtable  its backward table (bf16 and fp16, d64/d128, 1k-16k, two
+#                                             rounds; per call and back to back) (about 4 min)
 #   bash bench/device_batch.sh COMMIT decode  decode (seqlen_q = 1) GB/s and varlen-prefill TFLOP/s
 #                                             beside FA4, cuDNN and FA2 (bench/bench_decode.py)
 #   bash bench/device_batch.sh COMMIT inference  the inference L1 suites (varlen, varlen backward,
@@ -38,7 +39,7 @@
 #                                             d64 and d128 at 1k, 2k and 4k beside FA4 (bench/ab_sources.py)
 # Logs and results go to $OUT (the device tool brings them back).
 set -uo pipefail
-commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, fp8, dropout, mla, longrun, sanitize, ring, e2e, bwdtests, bwdab or tables}; shift 2
+commit=${1:?commit}; part=${2:?l1, bench, decode, inference, new, verify, fp8, dropout, mla, longrun, sanitize, ring, e2e, bwdtests, bwdab, fwdtable or bwdtable}; shift 2
 out=${OUT:-/tmp/fa_gen_out}; mkdir -p "$out"
 export FA_GEN_CACHE_DIR=${FA_GEN_CACHE_DIR:-/tmp/fa_gen_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 FA_GEN_PRECOMPILE_JOBS=${JOBS:-16}
@@ -97,10 +98,11 @@ elif [[ $part == bwdtests ]]; then
     timeout 280 python -m pytest -q -p no:cacheprovider "tests/$suite.py" "$@" > "$out/$suite.log" 2>&1
     echo "$suite: rc $? $(tail -1 "$out/$suite.log")" | tee -a "$out/summary.log"
   done
-elif [[ $part == tables ]]; then
+elif [[ $part == fwdtable ]]; then
   python bench/bench_forward.py --commit "$commit" --suffix table --out "$out" --dtypes bf16,fp16 \
     --head-dims 64,128,256 --seqlens 512,1024,2048,4096,8192,16384 --impls fa_gen,sdpa_flash,sdpa_cudnn,fa4 \
     --rounds 3 --plot "$@" 2>&1 | tee "$out/fwd-table.log"
+elif [[ $part == bwdtable ]]; then
   python bench/bench_forward.py --commit "$commit" --suffix table --out "$out" --backward --dtypes bf16,fp16 \
     --head-dims 64,128 --seqlens 1024,2048,4096,8192,16384 --impls fa_gen,sdpa_flash,sdpa_cudnn,fa4 \
     --rounds 2 "$@" 2>&1 | tee "$out/bwd-table.log"
