@@ -69,14 +69,9 @@ def main():
 
     po = Passthrough.apply(q, k, v)
     rows["Python Function autograd.grad"] = lambda: torch.autograd.grad(po, (q, k, v), dout, retain_graph=True)
-    try:
-        from flash_attn.cute import flash_attn_func
-
-        fo = flash_attn_func(q, k, v)
-        fo = fo[0] if isinstance(fo, tuple) else fo
-        rows["fa4 autograd.grad"] = lambda: torch.autograd.grad(fo, (q, k, v), dout, retain_graph=True)
-    except ImportError:
-        pass
+    fa4 = fa4_grad(q, k, v, dout)
+    if fa4 is not None:
+        rows["fa4 autograd.grad"] = fa4
     for name, fn in rows.items():
         print(f"{name:30s} {per_call_us(fn):8.1f} us/call host")
     # The same backwards run on this thread instead of the device's autograd thread.
@@ -88,6 +83,17 @@ def main():
         # The backward on this thread (cProfile sees one thread; autograd's is the device's).
         with torch.autograd.set_multithreading_enabled(False):
             print_profile(rows["fa_gen autograd.grad"], 35)
+
+
+def fa4_grad(q, k, v, dout):
+    """autograd.grad through FlashAttention-4's forward of (q, k, v), or None where it is not installed."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except ImportError:
+        return None
+    out = flash_attn_func(q, k, v)
+    out = out[0] if isinstance(out, tuple) else out
+    return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
 
 def print_profile(fn, top: int, calls: int = 500):

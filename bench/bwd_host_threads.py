@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bwd_host_overhead import per_call_us as host_us  # noqa: E402
+from bwd_host_overhead import fa4_grad, per_call_us as host_us  # noqa: E402
 from bench_ring import timed  # noqa: E402
 from fa_gen.api import attention  # noqa: E402
 from fa_gen.backward import _workspace, build_backward  # noqa: E402
@@ -77,14 +77,9 @@ def main():
     out, _ = attention(q, k, v, spec) if spec.return_lse else (attention(q, k, v, spec), None)
     dout = torch.randn_like(out)
     rows["fa_gen"] = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    try:
-        from flash_attn.cute import flash_attn_func
-
-        fo = flash_attn_func(q, k, v)
-        fo = fo[0] if isinstance(fo, tuple) else fo
-        rows["fa4"] = lambda: torch.autograd.grad(fo, (q, k, v), dout, retain_graph=True)
-    except ImportError:
-        pass
+    fa4 = fa4_grad(q, k, v, dout)
+    if fa4 is not None:
+        rows["fa4"] = fa4
     print(f"{'':34s} {'device thread':>14s} {'calling thread':>15s} {'latency (dev.)':>15s} {'latency (call.)':>16s}")
     for name, fn in rows.items():
         multi, multi_latency = host_us(fn), latency_us(fn)
