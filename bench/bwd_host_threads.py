@@ -2,7 +2,7 @@
 
     python bench/bwd_host_threads.py
 
-autograd runs a CUDA graph's backward on its device thread; bench/bwd_host_overhead.py found
+autograd runs the backward of CUDA tensors on its device thread; bench/bwd_host_overhead.py found
 fa_gen's autograd.grad 86 us slower there than on the calling thread (FA4: 42 us). Each row is
 an autograd.Function shaped like fa_gen's (two outputs, lse non-differentiable, five saved
 tensors) whose backward does one more piece of fa_gen's work than the row above, so the
@@ -74,7 +74,7 @@ def main():
         out, _ = staged(bwd, stage).apply(q, k, v)
         dout = torch.randn_like(out)
         rows[f"staged {stage}: {name}"] = (lambda o, d: lambda: torch.autograd.grad(o, (q, k, v), d, retain_graph=True))(out, dout)
-    out, _ = attention(q, k, v, spec) if spec.return_lse else (attention(q, k, v, spec), None)
+    out, _ = attention(q, k, v, spec)  # the spec above returns LSE (the default)
     dout = torch.randn_like(out)
     rows["fa_gen"] = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     fa4 = fa4_grad(q, k, v, dout)
